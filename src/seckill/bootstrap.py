@@ -1,0 +1,76 @@
+"""The one place that wires Redis, the scripts and the engine together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from seckill.config import Settings
+from seckill.domain.ids import OrderIds
+from seckill.engine.engine import Clock, RedisEngine
+from seckill.engine.scripts import Scripts
+from seckill.engine.worker_ids import leased_order_ids
+from seckill.redis_server import RedisServer
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Runtime:
+    settings: Settings
+    redis: Redis
+    engine: RedisEngine
+    order_ids: OrderIds
+    embedded_redis: RedisServer | None
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> AsyncIterator[Runtime]:
+    """Connect everything (starting the embedded Redis if no URL is set); close it all on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        embedded = None
+        url = settings.redis_url
+        if not url:
+            embedded = RedisServer(
+                binary=settings.redis_server_bin or None,
+                data_dir=settings.data_dir / "redis",
+                appendonly=True,  # the embedded Redis keeps its state across restarts
+            )
+            await asyncio.to_thread(embedded.start)
+            stack.callback(embedded.stop)
+            url = embedded.url
+        # Blocking: a burst beyond the pool waits for a connection instead of failing.
+        pool = BlockingConnectionPool.from_url(
+            url, decode_responses=True, max_connections=settings.redis_max_connections
+        )
+        redis = Redis(connection_pool=pool)
+        stack.push_async_callback(redis.aclose)
+        scripts = Scripts(redis)
+        await scripts.load()
+        if settings.worker_id is not None:
+            order_ids = OrderIds(settings.worker_id)
+        else:
+            order_ids = await stack.enter_async_context(
+                leased_order_ids(
+                    redis,
+                    scripts=scripts,
+                    prefix=settings.key_prefix,
+                    ttl_ms=settings.worker_id_lease_seconds * 1000,
+                )
+            )
+        engine = RedisEngine(
+            redis,
+            scripts=scripts,
+            idempotency_ttl_ms=settings.idempotency_ttl_seconds * 1000,
+            prefix=settings.key_prefix,
+            clock=clock,
+        )
+        yield Runtime(
+            settings=settings,
+            redis=redis,
+            engine=engine,
+            order_ids=order_ids,
+            embedded_redis=embedded,
+        )

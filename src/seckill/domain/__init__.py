@@ -1,0 +1,1 @@
+"""Plain values and rules of a flash sale: no I/O here."""

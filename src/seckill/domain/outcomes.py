@@ -1,0 +1,62 @@
+"""Every answer the engine gives, named once.
+
+The values are the exact words the Lua scripts reply with; a test parses the scripts' headers
+and checks both tables agree.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Outcome(StrEnum):
+    """A decided answer: the script ran and its reply says what happened."""
+
+    # load_item
+    LOADED = "loaded"
+    RELOADED = "reloaded"
+    # reserve
+    RESERVED = "reserved"
+    REPLAY = "replay"
+    KEY_REUSED = "key_reused"
+    SOLD_OUT = "sold_out"
+    INSUFFICIENT_STOCK = "insufficient_stock"
+    LIMIT_REACHED = "limit_reached"
+    NOT_STARTED = "not_started"
+    ENDED = "ended"
+    UNKNOWN_ITEM = "unknown_item"
+    # confirm / release
+    PAID = "paid"
+    ALREADY_PAID = "already_paid"
+    EXPIRED = "expired"
+    RELEASED = "released"
+    ALREADY_RELEASED = "already_released"
+    UNKNOWN_ORDER = "unknown_order"
+
+
+class ErrorCode(StrEnum):
+    """Why a request was refused as invalid. A refused request has written nothing."""
+
+    INVALID_ITEM_ID = "invalid_item_id"
+    INVALID_ITEM = "invalid_item"
+    INVALID_BUYER = "invalid_buyer"
+    INVALID_KEY = "invalid_key"
+    INVALID_QUANTITY = "invalid_quantity"
+    QUANTITY_ABOVE_LIMIT = "quantity_above_limit"
+    INVALID_ORDER_ID = "invalid_order_id"
+    DUPLICATE_ORDER_ID = "duplicate_order_id"
+    INVALID_REASON = "invalid_reason"
+    INVALID_TIME = "invalid_time"
+    INVALID_BATCH = "invalid_batch"
+    INVALID_TTL = "invalid_ttl"
+    ITEM_ACTIVE = "item_active"
+    TOTAL_BELOW_COMMITTED = "total_below_committed"
+
+
+class InvalidRequest(ValueError):
+    """Bad input, refused before any write (by Python first, by the script as a last guard)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message

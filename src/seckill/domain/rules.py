@@ -1,0 +1,97 @@
+"""Input rules, checked before anything touches Redis.
+
+The Lua scripts enforce the same rules as a last guard (``engine/lua/_common.lua``); a test
+feeds both the same inputs and checks they agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
+
+MAX_ID = 2**63 - 1  # item and order ids fit a signed 64-bit SQL column
+MAX_BUYER_LEN = 64
+MAX_KEY_LEN = 255
+MAX_QUANTITY = 1_000_000
+MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
+MAX_TIME_MS = 2**53 - 1
+MAX_HOLD_MS = 30 * 24 * 3600 * 1000
+
+
+def _whole(value: Any, low: int, high: int) -> bool:
+    # bool is an int subclass; True is not a quantity.
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _visible_ascii(value: Any, max_len: int) -> bool:
+    return (
+        isinstance(value, str)
+        and 1 <= len(value) <= max_len
+        and all("\x21" <= ch <= "\x7e" for ch in value)
+    )
+
+
+def check_item_id(item_id: Any) -> None:
+    if not _whole(item_id, 1, MAX_ID):
+        raise InvalidRequest(
+            ErrorCode.INVALID_ITEM_ID, f"item id must be an integer from 1 to {MAX_ID}"
+        )
+
+
+def check_buyer(buyer: Any) -> None:
+    if not _visible_ascii(buyer, MAX_BUYER_LEN):
+        raise InvalidRequest(
+            ErrorCode.INVALID_BUYER,
+            f"buyer id must be 1 to {MAX_BUYER_LEN} visible ASCII characters",
+        )
+
+
+def check_idempotency_key(key: Any) -> None:
+    if not _visible_ascii(key, MAX_KEY_LEN):
+        raise InvalidRequest(
+            ErrorCode.INVALID_KEY,
+            f"idempotency key must be 1 to {MAX_KEY_LEN} visible ASCII characters",
+        )
+
+
+def check_quantity(quantity: Any) -> None:
+    if not _whole(quantity, 1, MAX_QUANTITY):
+        raise InvalidRequest(
+            ErrorCode.INVALID_QUANTITY, f"quantity must be an integer from 1 to {MAX_QUANTITY}"
+        )
+
+
+def check_order_id(order_id: Any) -> None:
+    if not _whole(order_id, 1, MAX_ID):
+        raise InvalidRequest(
+            ErrorCode.INVALID_ORDER_ID, f"order id must be an integer from 1 to {MAX_ID}"
+        )
+
+
+def check_time_ms(now_ms: Any) -> None:
+    if not _whole(now_ms, 1, MAX_TIME_MS):
+        raise InvalidRequest(ErrorCode.INVALID_TIME, "time must be positive epoch milliseconds")
+
+
+def check_batch(limit: Any) -> None:
+    if not _whole(limit, 1, 10_000):
+        raise InvalidRequest(ErrorCode.INVALID_BATCH, "batch limit must be from 1 to 10000")
+
+
+def check_sale_item(
+    *, total: Any, starts_at_ms: Any, ends_at_ms: Any, per_buyer_limit: Any, hold_ms: Any
+) -> None:
+    problems = []
+    if not _whole(total, 0, MAX_TOTAL):
+        problems.append(f"total must be an integer from 0 to {MAX_TOTAL}")
+    if not (_whole(starts_at_ms, 0, MAX_TIME_MS) and _whole(ends_at_ms, 1, MAX_TIME_MS)):
+        problems.append("sale window must be epoch milliseconds")
+    elif starts_at_ms >= ends_at_ms:
+        problems.append("sale window must end after it starts")
+    if not _whole(per_buyer_limit, 1, MAX_QUANTITY):
+        problems.append(f"per-buyer limit must be an integer from 1 to {MAX_QUANTITY}")
+    if not _whole(hold_ms, 1, MAX_HOLD_MS):
+        problems.append(f"hold duration must be 1 to {MAX_HOLD_MS} ms")
+    if problems:
+        raise InvalidRequest(ErrorCode.INVALID_ITEM, "; ".join(problems))

@@ -1,0 +1,1 @@
+"""The Redis engine: every purchase decided by one atomic Lua script."""

