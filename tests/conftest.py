@@ -40,7 +40,9 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    pool = BlockingConnectionPool.from_url(redis_server.url, decode_responses=True, max_connections=32)
+    pool = BlockingConnectionPool.from_url(
+        redis_server.url, decode_responses=True, max_connections=32
+    )
     client = Redis(connection_pool=pool)
     await client.flushall()
     yield client
@@ -84,7 +86,9 @@ def timed_engine(redis: Redis, scripts: Scripts, clock: ManualClock) -> RedisEng
     return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock)
 
 
-def open_item(item_id: int = 1, *, total: int = 100, limit: int = 1, hold_ms: int = 60_000) -> SaleItem:
+def open_item(
+    item_id: int = 1, *, total: int = 100, limit: int = 1, hold_ms: int = 60_000
+) -> SaleItem:
     """An item whose sale is on now and for the next hour."""
     now = int(time.time() * 1000)
     return SaleItem(

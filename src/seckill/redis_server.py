@@ -111,7 +111,14 @@ class RedisServer:
             "--daemonize", "no",
         ]  # fmt: skip
         if self.port is None:
-            args += ["--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700"]
+            args += [
+                "--port",
+                "0",
+                "--unixsocket",
+                str(self.socket_path),
+                "--unixsocketperm",
+                "700",
+            ]
         else:
             args += ["--port", str(self.port), "--bind", "127.0.0.1"]
         self.process = subprocess.Popen(

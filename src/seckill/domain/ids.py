@@ -63,8 +63,10 @@ class OrderIds:
         else:
             self._sequence = 0
         self._last_ms = now
-        return (now << (WORKER_BITS + SEQUENCE_BITS)) | (self.worker_id << SEQUENCE_BITS) | (
-            self._sequence
+        return (
+            (now << (WORKER_BITS + SEQUENCE_BITS))
+            | (self.worker_id << SEQUENCE_BITS)
+            | (self._sequence)
         )
 
 

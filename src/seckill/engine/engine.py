@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -126,34 +126,39 @@ class RedisEngine:
         reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self._now(), limit)
         return [int(order_id) for order_id in reply]
 
+    # redis-py types its replies loosely (bytes | str, sync | async); the client here always
+    # decodes, so the reads below state the shapes they get.
+
     async def item(self, item_id: int) -> SaleItem | None:
         """The item's sale settings as loaded, or None."""
-        values = await self._redis.hmget(self.keys(item_id).item, _ITEM_FIELDS)  # type: ignore[arg-type]
-        if values[0] is None:
+        values = await self._hmget(self.keys(item_id).item, _ITEM_FIELDS)
+        if values is None:
             return None
-        return SaleItem(item_id=item_id, **{f: int(v) for f, v in zip(_ITEM_FIELDS, values, strict=True)})
+        return SaleItem(item_id=item_id, **dict(zip(_ITEM_FIELDS, values, strict=True)))
 
     async def stock(self, item_id: int) -> Stock | None:
         """The item's counters, read in one command (so they are consistent), or None."""
-        values = await self._redis.hmget(self.keys(item_id).item, _STOCK_FIELDS)  # type: ignore[arg-type]
-        if values[0] is None:
-            return None
-        return Stock(*(int(v) for v in values))
+        values = await self._hmget(self.keys(item_id).item, _STOCK_FIELDS)
+        return None if values is None else Stock(*values)
 
     async def hold(self, item_id: int, order_id: int) -> Hold | None:
-        raw = await self._redis.hget(self.keys(item_id).holds, str(order_id))  # type: ignore[misc]
+        raw = cast(str | None, await self._redis.hget(self.keys(item_id).holds, str(order_id)))
         return None if raw is None else _hold(order_id, raw)
 
     async def holds(self, item_id: int) -> dict[int, Hold]:
         """Every hold of an item, in any state (for audits and tests; O(holds))."""
-        raw = await self._redis.hgetall(self.keys(item_id).holds)  # type: ignore[misc]
+        raw = cast(dict[str, str], await self._redis.hgetall(self.keys(item_id).holds))
         return {int(k): _hold(int(k), v) for k, v in raw.items()}
 
     async def events(self, item_id: int) -> list[tuple[str, dict[str, str]]]:
         """The item's whole journal, oldest first (for audits and tests; O(events))."""
-        key, start, out = self.keys(item_id).events, "-", []
+        key, start = self.keys(item_id).events, "-"
+        out: list[tuple[str, dict[str, str]]] = []
         while True:
-            page = await self._redis.xrange(key, min=start, count=10_000)
+            page = cast(
+                list[tuple[str, dict[str, str]]],
+                await self._redis.xrange(key, min=start, count=10_000),
+            )
             out.extend(page)
             if len(page) < 10_000:
                 return out
@@ -161,13 +166,22 @@ class RedisEngine:
 
     async def deadlines(self, item_id: int) -> dict[int, int]:
         """Held order ids and their deadlines (ms), from the expiry index."""
-        raw = await self._redis.zrange(self.keys(item_id).deadlines, 0, -1, withscores=True)
+        raw = cast(
+            list[tuple[str, float]],
+            await self._redis.zrange(self.keys(item_id).deadlines, 0, -1, withscores=True),
+        )
         return {int(order_id): int(score) for order_id, score in raw}
 
     async def buyer_units(self, item_id: int) -> dict[str, int]:
         """Units held or paid per buyer (buyers at zero are not listed)."""
-        raw = await self._redis.hgetall(self.keys(item_id).buyers)  # type: ignore[misc]
+        raw = cast(dict[str, str], await self._redis.hgetall(self.keys(item_id).buyers))
         return {buyer: int(units) for buyer, units in raw.items()}
+
+    async def _hmget(self, key: str, fields: tuple[str, ...]) -> list[int] | None:
+        values = cast(list[str | None], await self._redis.hmget(key, list(fields)))
+        if any(v is None for v in values):
+            return None
+        return [int(v) for v in values if v is not None]
 
 
 def _transition(reply: list[Any]) -> HoldTransition:

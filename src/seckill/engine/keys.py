@@ -22,7 +22,10 @@ class ItemKeys:
     idempotency_prefix: str
 
     def idempotency(self, buyer: str, key: str) -> str:
-        """A buyer's idempotency record. The buyer's length keeps ``a:b``+``c`` apart from ``a``+``b:c``."""
+        """A buyer's idempotency record key.
+
+        The buyer's length keeps ``a:b`` + ``c`` apart from ``a`` + ``b:c``.
+        """
         return f"{self.idempotency_prefix}{len(buyer)}:{buyer}:{key}"
 
     def all_fixed(self) -> tuple[str, ...]:

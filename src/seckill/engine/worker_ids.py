@@ -26,6 +26,7 @@ from seckill.engine.scripts import ScriptName, Scripts
 
 log = logging.getLogger(__name__)
 
+
 class NoFreeWorkerId(RuntimeError):
     pass
 
@@ -59,7 +60,9 @@ class WorkerIdLease:
         assert self.worker_id is not None
         sent_at = time.monotonic()
         key = worker_id_key(self.worker_id, self._prefix)
-        renewed = await self._scripts.call(ScriptName.RENEW_LEASE, (key,), (self._token, self._ttl_ms))
+        renewed = await self._scripts.call(
+            ScriptName.RENEW_LEASE, (key,), (self._token, self._ttl_ms)
+        )
         if renewed:
             ids.extend(self._valid_until(sent_at))
         return bool(renewed)

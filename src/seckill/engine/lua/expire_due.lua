@@ -4,8 +4,8 @@
 -- ARGV  1 item id  2 now (ms; "" = Redis TIME)  3 batch limit (most holds to release)
 --
 -- Replies:
---   an array of the order ids released now, each as release.lua would with reason `expired`
---   (empty when nothing is due)
+--   {order id, ...}  the holds released now, oldest deadline first, each as release.lua would
+--                    with reason `expired` (empty when nothing is due)
 -- Errors (nothing written):
 --   invalid_item_id, invalid_time, invalid_batch
 

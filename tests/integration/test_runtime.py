@@ -1,0 +1,124 @@
+"""The embedded Redis, the bootstrap and the worker-id leases, on real servers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+from redis.asyncio import Redis
+
+from seckill.bootstrap import open_runtime
+from seckill.config import Settings
+from seckill.domain.ids import MAX_WORKER_ID, WorkerIdLost
+from seckill.domain.outcomes import Outcome
+from seckill.engine.keys import worker_id_key
+from seckill.engine.scripts import Scripts
+from seckill.engine.worker_ids import NoFreeWorkerId, WorkerIdLease
+from seckill.redis_server import RedisServer, RedisServerError, bundled_redis_server, server_version
+from tests.conftest import open_item
+
+
+def test_the_bundled_server_is_redis_6_2() -> None:
+    assert server_version(bundled_redis_server())[:2] == (6, 2)
+
+
+def test_one_data_dir_one_server(tmp_path: Path) -> None:
+    with RedisServer(data_dir=tmp_path) as first:
+        assert sync_redis.Redis.from_url(first.url).ping()
+        with pytest.raises(RedisServerError, match="in use by another embedded Redis"):
+            RedisServer(data_dir=tmp_path).start()
+    with RedisServer(data_dir=tmp_path):  # free again once stopped
+        pass
+
+
+def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
+    with pytest.raises(RedisServerError, match="exited at start"):
+        RedisServer(binary="/bin/false", data_dir=tmp_path).start()
+
+
+def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
+    server = RedisServer(data_dir=tmp_path).start()
+    process = server.process
+    assert process is not None
+    server.stop()
+    assert process.poll() is not None
+    assert server.process is None
+
+
+async def test_the_embedded_default_keeps_its_state_across_restarts(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, redis_url="")
+    async with open_runtime(settings) as runtime:
+        assert runtime.embedded_redis is not None
+        await runtime.engine.load_item(open_item(total=5))
+        reservation = await runtime.engine.reserve(
+            1, buyer="a", quantity=1, idempotency_key="k", order_id=runtime.order_ids.next()
+        )
+        assert reservation.accepted
+    async with open_runtime(settings) as runtime:
+        stock = await runtime.engine.stock(1)
+        assert stock is not None and (stock.available, stock.held) == (4, 1)
+        again = await runtime.engine.reserve(
+            1, buyer="a", quantity=1, idempotency_key="k", order_id=runtime.order_ids.next()
+        )
+        assert again.replayed and again.order_id == reservation.order_id
+
+
+async def test_a_configured_redis_url_starts_nothing(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, redis_url=redis_server.url, worker_id=9)
+    async with open_runtime(settings) as runtime:
+        assert runtime.embedded_redis is None
+        assert runtime.order_ids.worker_id == 9
+        assert await runtime.engine.load_item(open_item(item_id=77)) is Outcome.LOADED
+    assert not (tmp_path / "redis").exists()
+
+
+async def test_live_processes_never_share_a_worker_id(redis: Redis, scripts: Scripts) -> None:
+    leases = [WorkerIdLease(redis, scripts=scripts, prefix="t", ttl_ms=60_000) for _ in range(50)]
+    for lease in leases:
+        await lease.acquire()
+    assert len({lease.worker_id for lease in leases}) == 50
+    dropped = leases[0].worker_id
+    await leases[0].drop()
+    assert not await redis.exists(worker_id_key(dropped, "t"))  # type: ignore[arg-type]
+
+
+async def test_all_worker_ids_taken_is_a_clear_error(redis: Redis, scripts: Scripts) -> None:
+    for n in range(MAX_WORKER_ID + 1):
+        await redis.set(worker_id_key(n, "t"), "someone", px=60_000)
+    with pytest.raises(NoFreeWorkerId):
+        await WorkerIdLease(redis, scripts=scripts, prefix="t", ttl_ms=60_000).acquire()
+
+
+async def test_a_lease_taken_over_stops_its_ids(redis: Redis, scripts: Scripts) -> None:
+    lease = WorkerIdLease(redis, scripts=scripts, prefix="t", ttl_ms=3_000)
+    ids = await lease.acquire()
+    assert await lease.renew(ids)
+    ids.next()
+    assert lease.worker_id is not None
+    await redis.set(worker_id_key(lease.worker_id, "t"), "another process")
+    assert not await lease.renew(ids)
+    # The generator runs out at the end of the last renewal's safe window, then refuses.
+    ids.extend(time.monotonic() - 0.001)
+    with pytest.raises(WorkerIdLost):
+        ids.next()
+    # Our drop must not delete the lease of the process that took it over.
+    await lease.drop()
+    assert await redis.get(worker_id_key(ids.worker_id, "t")) == "another process"
+
+
+async def test_the_lease_is_kept_alive_in_the_background(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, redis_url=redis_server.url, worker_id_lease_seconds=3)
+    async with open_runtime(settings) as runtime:
+        await asyncio.sleep(3.5)  # longer than the lease: only renewals keep it
+        assert runtime.order_ids.next() > 0
+        key = worker_id_key(runtime.order_ids.worker_id)
+        assert await runtime.redis.exists(key)
+    async with Redis.from_url(redis_server.url) as client:
+        assert not await client.exists(key)  # dropped on exit

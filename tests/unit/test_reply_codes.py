@@ -1,0 +1,71 @@
+"""The reply and error codes each script declares in its header equal the Python enums."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from seckill.domain.holds import ReleaseReason
+from seckill.domain.outcomes import ErrorCode, Outcome
+from seckill.engine.scripts import ITEM_SCRIPTS, LUA_DIR, ScriptName
+
+# Validated by Python alone: the key's text only reaches Redis inside a key name.
+PYTHON_ONLY_ERRORS = {ErrorCode.INVALID_KEY}
+
+
+def _header(name: str) -> str:
+    lines = (LUA_DIR / f"{name}.lua").read_text().splitlines()
+    return "\n".join(line for line in lines if line.startswith("--")).split("\n\n")[0]
+
+
+def _section(header: str, title: str) -> str:
+    match = re.search(rf"^-- {title}.*?$(.*?)(?=^-- [A-Z]|\Z)", header, re.M | re.S)
+    return match.group(1) if match else ""
+
+
+def declared(name: str) -> tuple[set[str], set[str]]:
+    """(reply codes, error codes) named in a script's header."""
+    header = _header(name)
+    replies = set(re.findall(r"^--   ([a-z_]+)\s", _section(header, "Replies"), re.M))
+    errors = set(re.findall(r"[a-z]+_[a-z_]+", _section(header, "Errors")))
+    return replies, errors
+
+
+def body_codes(source: str) -> tuple[set[str], set[str]]:
+    """Codes a Lua source actually replies with: `{ "code"` and `invalid("code"`."""
+    replies = set(re.findall(r'return \{ "([a-z_]+)"', source))
+    errors = set(re.findall(r'invalid\("([a-z_]+)"', source))
+    return replies, errors
+
+
+@pytest.mark.parametrize("name", sorted(ITEM_SCRIPTS))
+def test_each_script_replies_only_what_its_header_declares(name: ScriptName) -> None:
+    declared_replies, declared_errors = declared(name)
+    used_replies, used_errors = body_codes((LUA_DIR / f"{name}.lua").read_text())
+    assert used_replies <= declared_replies
+    assert used_errors <= declared_errors
+    assert declared_errors, f"{name}.lua declares no errors"
+
+
+def test_declared_codes_equal_the_python_enums() -> None:
+    replies: set[str] = set()
+    errors: set[str] = set()
+    for name in ITEM_SCRIPTS:
+        r, e = declared(name)
+        replies |= r
+        errors |= e
+    assert replies == {o.value for o in Outcome}
+    assert errors == {e.value for e in ErrorCode} - PYTHON_ONLY_ERRORS
+
+
+def test_release_reasons_agree() -> None:
+    common = (LUA_DIR / "_common.lua").read_text()
+    table = re.search(r"RELEASE_REASONS = \{(.*?)\}", common)
+    assert table is not None
+    assert set(re.findall(r"([a-z_]+) = true", table.group(1))) == {r.value for r in ReleaseReason}
+
+
+def test_every_script_file_is_named_in_the_enum() -> None:
+    files = {p.name.removesuffix(".lua") for p in LUA_DIR.iterdir() if p.name.endswith(".lua")}
+    assert files - {"_common"} == {n.value for n in ScriptName}
