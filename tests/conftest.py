@@ -43,7 +43,7 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
     pool = BlockingConnectionPool.from_url(
         redis_server.url, decode_responses=True, max_connections=32
     )
-    client = Redis(connection_pool=pool)
+    client = Redis.from_pool(pool)  # the client owns the pool and closes it
     await client.flushall()
     yield client
     await client.aclose()

@@ -45,7 +45,7 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         pool = BlockingConnectionPool.from_url(
             url, decode_responses=True, max_connections=settings.redis_max_connections
         )
-        redis = Redis(connection_pool=pool)
+        redis = Redis.from_pool(pool)  # the client owns the pool and closes it
         stack.push_async_callback(redis.aclose)
         scripts = Scripts(redis)
         await scripts.load()

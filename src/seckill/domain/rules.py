@@ -15,7 +15,9 @@ MAX_BUYER_LEN = 64
 MAX_KEY_LEN = 255
 MAX_QUANTITY = 1_000_000
 MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
-MAX_TIME_MS = 2**53 - 1
+# Times and deadlines (time + hold) stay within 14 digits: cjson stores numbers with 14
+# significant digits, so a hold record's deadline is exact (until the year 4821).
+MAX_TIME_MS = 90_000_000_000_000
 MAX_HOLD_MS = 30 * 24 * 3600 * 1000
 
 

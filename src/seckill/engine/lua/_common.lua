@@ -4,7 +4,7 @@
 local MAX_ID = "9223372036854775807"
 local MAX_QUANTITY = 1000000
 local MAX_TOTAL = 1000000000000
-local MAX_TIME = 9007199254740991
+local MAX_TIME = 90000000000000 -- time + hold stays within cjson's 14 significant digits
 local MAX_HOLD = 2592000000
 local MAX_BATCH = 10000
 local RELEASE_REASONS = { cancelled = true, expired = true, payment_failed = true }
@@ -16,7 +16,7 @@ end
 -- A canonical decimal integer within [low, high], or nil. Order ids never pass through here:
 -- Lua numbers are doubles, so 64-bit ids stay strings (see is_id).
 local function int_arg(s, low, high)
-  if type(s) ~= "string" or #s > 16 or not (s == "0" or s:match("^[1-9]%d*$")) then
+  if type(s) ~= "string" or #s > 15 or not (s == "0" or s:match("^[1-9]%d*$")) then
     return nil
   end
   local n = tonumber(s)
