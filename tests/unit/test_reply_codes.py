@@ -33,9 +33,11 @@ def declared(name: str) -> tuple[set[str], set[str]]:
 
 
 def body_codes(source: str) -> tuple[set[str], set[str]]:
-    """Codes a Lua source actually replies with: `{ "code"` and `invalid("code"`."""
+    """Codes a Lua source replies with: `{ "code"`, `invalid("code"` and the shared `bad_x(`
+    helpers of _common.lua (each refuses with `invalid_x`)."""
     replies = set(re.findall(r'return \{ "([a-z_]+)"', source))
     errors = set(re.findall(r'invalid\("([a-z_]+)"', source))
+    errors |= {f"invalid_{name}" for name in re.findall(r"\bbad_([a-z_]+)\(", source)}
     return replies, errors
 
 
@@ -46,6 +48,12 @@ def test_each_script_replies_only_what_its_header_declares(name: ScriptName) -> 
     assert used_replies <= declared_replies
     assert used_errors <= declared_errors
     assert declared_errors, f"{name}.lua declares no errors"
+
+
+def test_the_shared_refusals_are_declared_codes() -> None:
+    _, errors = body_codes((LUA_DIR / "_common.lua").read_text())
+    assert errors
+    assert errors <= {e.value for e in ErrorCode}
 
 
 def test_declared_codes_equal_the_python_enums() -> None:

@@ -33,6 +33,17 @@ local function is_token(s, max_len)
   return type(s) == "string" and #s >= 1 and #s <= max_len and not s:find("[^\33-\126]")
 end
 
+-- Refusals shared by the scripts: each returns an error reply, or nil when the value is fine.
+local function bad_item_id(s)
+  if not is_id(s) then return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1") end
+end
+local function bad_order_id(s)
+  if not is_id(s) then return invalid("invalid_order_id", "order id must be an integer from 1 to 2^63-1") end
+end
+local function bad_time(now)
+  if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
+end
+
 -- Epoch ms from the caller, or from Redis TIME when the caller sends "".
 local function now_arg(s)
   if s == "" then

@@ -13,14 +13,9 @@
 --   invalid_item_id, invalid_order_id, invalid_time
 
 local item_id, order_id = ARGV[1], ARGV[2]
-if not is_id(item_id) then
-  return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1")
-end
-if not is_id(order_id) then
-  return invalid("invalid_order_id", "order id must be an integer from 1 to 2^63-1")
-end
 local now = now_arg(ARGV[3])
-if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
+local refused = bad_item_id(item_id) or bad_order_id(order_id) or bad_time(now)
+if refused then return refused end
 
 local hold = load_hold(order_id)
 if not hold then return { "unknown_order" } end

@@ -10,11 +10,9 @@
 --   invalid_item_id, invalid_time, invalid_batch
 
 local item_id = ARGV[1]
-if not is_id(item_id) then
-  return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1")
-end
 local now = now_arg(ARGV[2])
-if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
+local refused = bad_item_id(item_id) or bad_time(now)
+if refused then return refused end
 local limit = int_arg(ARGV[3], 1, MAX_BATCH)
 if not limit then return invalid("invalid_batch", "batch limit must be from 1 to " .. MAX_BATCH) end
 

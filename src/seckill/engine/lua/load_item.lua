@@ -14,9 +14,8 @@
 --   total_below_committed  forced, but the new total is below held + sold
 
 local item_id = ARGV[1]
-if not is_id(item_id) then
-  return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1")
-end
+local refused = bad_item_id(item_id)
+if refused then return refused end
 local total = int_arg(ARGV[2], 0, MAX_TOTAL)
 local starts = int_arg(ARGV[3], 0, MAX_TIME)
 local ends = int_arg(ARGV[4], 1, MAX_TIME)
@@ -26,7 +25,8 @@ if not (total and starts and ends and limit and hold_ms) or starts >= ends then
   return invalid("invalid_item", "total, sale window, per-buyer limit or hold duration out of range")
 end
 local now = now_arg(ARGV[8])
-if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
+refused = bad_time(now)
+if refused then return refused end
 
 local counts = redis.call("HMGET", K.item, "held", "sold")
 local held, sold = tonumber(counts[1] or "0"), tonumber(counts[2] or "0")

@@ -13,17 +13,12 @@
 --   invalid_item_id, invalid_order_id, invalid_reason, invalid_time
 
 local item_id, order_id, reason = ARGV[1], ARGV[2], ARGV[3]
-if not is_id(item_id) then
-  return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1")
-end
-if not is_id(order_id) then
-  return invalid("invalid_order_id", "order id must be an integer from 1 to 2^63-1")
-end
+local now = now_arg(ARGV[4])
+local refused = bad_item_id(item_id) or bad_order_id(order_id) or bad_time(now)
+if refused then return refused end
 if not RELEASE_REASONS[reason] then
   return invalid("invalid_reason", "reason must be cancelled, expired or payment_failed")
 end
-local now = now_arg(ARGV[4])
-if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
 
 local hold = load_hold(order_id)
 if not hold then return { "unknown_order" } end

@@ -21,9 +21,8 @@
 --   duplicate_order_id    the order id already names a hold of this item
 
 local item_id, buyer, order_id = ARGV[1], ARGV[2], ARGV[4]
-if not is_id(item_id) then
-  return invalid("invalid_item_id", "item id must be an integer from 1 to 2^63-1")
-end
+local refused = bad_item_id(item_id)
+if refused then return refused end
 if not is_token(buyer, 64) then
   return invalid("invalid_buyer", "buyer id must be 1 to 64 visible ASCII characters")
 end
@@ -31,13 +30,13 @@ local quantity = int_arg(ARGV[3], 1, MAX_QUANTITY)
 if not quantity then
   return invalid("invalid_quantity", "quantity must be an integer from 1 to " .. MAX_QUANTITY)
 end
-if not is_id(order_id) then
-  return invalid("invalid_order_id", "order id must be an integer from 1 to 2^63-1")
-end
+refused = bad_order_id(order_id)
+if refused then return refused end
 local ttl = int_arg(ARGV[5], 1, MAX_TIME)
 if not ttl then return invalid("invalid_ttl", "idempotency ttl must be positive milliseconds") end
 local now = now_arg(ARGV[6])
-if not now then return invalid("invalid_time", "time must be positive epoch milliseconds") end
+refused = bad_time(now)
+if refused then return refused end
 
 local seen = redis.call("GET", KEYS[6])
 if seen then
