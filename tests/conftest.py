@@ -8,18 +8,27 @@ A missing server fails the run; it never skips.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from seckill.domain.items import SaleItem
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer, bundled_redis_server, server_version
+from seckill.store.database import open_database
+from seckill.store.ledger import Ledger, NewItem
+from seckill.store.migrate import upgrade
+from seckill.store.tables import Base
 
 
 def _redis7_binary() -> str:
@@ -98,4 +107,82 @@ def open_item(
         ends_at_ms=now + 3_600_000,
         per_buyer_limit=limit,
         hold_ms=hold_ms,
+    )
+
+
+# -- SQL ------------------------------------------------------------------------------------------
+# SQLite always; PostgreSQL and MariaDB when their URLs are set (CI sets both and requires them).
+# Each server backend gets a database of its own for the session, dropped at the end.
+
+SERVER_URLS = {
+    "postgresql": os.environ.get("SECKILL_TEST_POSTGRES_URL", ""),
+    "mariadb": os.environ.get("SECKILL_TEST_MARIADB_URL", ""),
+}
+SQL_BACKENDS = ["sqlite", *(name for name, url in SERVER_URLS.items() if url)]
+
+
+async def _create_database(server_url: str, name: str) -> str:
+    url = make_url(server_url)
+    admin = create_async_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(text(f"CREATE DATABASE {name}"))
+    finally:
+        await admin.dispose()
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+async def _drop_database(server_url: str, name: str) -> None:
+    admin = create_async_engine(make_url(server_url), isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
+    finally:
+        await admin.dispose()
+
+
+@pytest.fixture(scope="session", params=SQL_BACKENDS)
+async def sql_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[str]:
+    """A migrated, empty database of one backend."""
+    backend = request.param
+    name = f"seckill_test_{os.getpid()}_{secrets.token_hex(3)}"
+    if backend == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('sql') / 'seckill.db'}"
+    else:
+        url = await _create_database(SERVER_URLS[backend], name)
+    engine = open_database(url)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+    yield url
+    if backend != "sqlite":
+        await _drop_database(SERVER_URLS[backend], name)
+
+
+@pytest.fixture
+async def ledger(sql_url: str) -> AsyncIterator[Ledger]:
+    engine = open_database(sql_url)
+    async with engine.begin() as conn:
+        for table in reversed(Base.metadata.sorted_tables):
+            await conn.execute(table.delete())
+    yield Ledger(engine)
+    await engine.dispose()
+
+
+def new_item(
+    *, total: int = 100, limit: int = 1, hold_seconds: int = 60, price_cents: int = 999
+) -> NewItem:
+    """An item on sale now and for the next hour."""
+    now = datetime.now(UTC)
+    return NewItem(
+        name="Test item",
+        price_cents=price_cents,
+        total=total,
+        starts_at=now - timedelta(minutes=1),
+        ends_at=now + timedelta(hours=1),
+        per_buyer_limit=limit,
+        hold_seconds=hold_seconds,
     )

@@ -15,7 +15,7 @@ from seckill.domain import rules
 from seckill.domain.holds import Hold, HoldState, HoldTransition, ReleaseReason, Reservation
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import Outcome
-from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
 from seckill.engine.scripts import ScriptName, Scripts
 
 Clock = Callable[[], int]
@@ -65,6 +65,9 @@ class RedisEngine:
         An item with holds or sales is refused (``item_active``) unless ``force``; even then its
         held and sold units are kept and only ``available`` follows the new total.
         """
+        # Registered first (it lives outside the item's slot): a worker may then find a stream
+        # that has no entry yet, but never miss one that has.
+        await self._redis.sadd(items_registry(self._prefix), item.item_id)
         reply = await self._call(
             ScriptName.LOAD_ITEM,
             item.item_id,
@@ -128,6 +131,11 @@ class RedisEngine:
 
     # redis-py types its replies loosely (bytes | str, sync | async); the client here always
     # decodes, so the reads below state the shapes they get.
+
+    async def item_ids(self) -> list[int]:
+        """Every item ever loaded into this Redis."""
+        members = cast(set[str], await self._redis.smembers(items_registry(self._prefix)))
+        return sorted(int(m) for m in members)
 
     async def item(self, item_id: int) -> SaleItem | None:
         """The item's sale settings as loaded, or None."""

@@ -19,6 +19,7 @@ class ItemKeys:
     holds: str  # hash: order id -> hold record (JSON)
     deadlines: str  # sorted set: held order ids scored by deadline (ms)
     events: str  # stream: one entry per state change, the outbox and journal
+    dead_letters: str  # stream: entries the persister gave up on, with why
     idempotency_prefix: str
 
     def idempotency(self, buyer: str, key: str) -> str:
@@ -42,6 +43,7 @@ def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> ItemKeys:
         holds=f"{base}:holds",
         deadlines=f"{base}:deadlines",
         events=f"{base}:events",
+        dead_letters=f"{base}:dead",
         idempotency_prefix=f"{base}:idem:",
     )
 
@@ -49,6 +51,11 @@ def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> ItemKeys:
 def item_pattern(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
     """A SCAN pattern matching every key of one item."""
     return f"{prefix}:{{item:{item_id}}}*"
+
+
+def items_registry(prefix: str = DEFAULT_PREFIX) -> str:
+    """A set of every item id ever loaded: how workers find the streams to follow."""
+    return f"{prefix}:items"
 
 
 def worker_id_key(worker_id: int, prefix: str = DEFAULT_PREFIX) -> str:

@@ -1,0 +1,94 @@
+"""Stream events: what the scripts append to an item's stream, decoded and checked.
+
+The field names are the ones the Lua scripts write (``event``, ``item_id``, ``order_id``...).
+A malformed entry raises :class:`BadEvent` with a readable reason; it never lands half-read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from seckill.domain.holds import ReleaseReason
+
+
+class EventKind(StrEnum):
+    LOADED = "loaded"
+    RESERVED = "reserved"
+    PAID = "paid"
+    RELEASED = "released"
+
+
+class BadEvent(ValueError):
+    """An entry that cannot be applied as it is: it goes to dead letters, never silently away."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StockEvent:
+    event_id: str  # the stream entry id: unique within the item's stream
+    kind: EventKind
+    item_id: int
+    at_ms: int
+    order_id: int | None = None
+    buyer: str | None = None
+    quantity: int | None = None
+    deadline_ms: int | None = None
+    reason: ReleaseReason | None = None
+    total: int | None = None  # loaded only
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """The entry id as numbers, for ordering (``"12-3"`` -> ``(12, 3)``)."""
+        return stream_position(self.event_id)
+
+
+def stream_position(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+_REQUIRED = {
+    EventKind.LOADED: ("total",),
+    EventKind.RESERVED: ("order_id", "buyer", "quantity", "deadline_ms"),
+    EventKind.PAID: ("order_id", "buyer", "quantity"),
+    EventKind.RELEASED: ("order_id", "buyer", "quantity", "reason"),
+}
+
+
+def _number(fields: dict[str, str], name: str, *, low: int = 0) -> int:
+    raw = fields[name]
+    if not raw.isdigit() or int(raw) < low:
+        raise BadEvent(f"field {name!r} must be a whole number >= {low}, got {raw!r}")
+    return int(raw)
+
+
+def decode_event(entry_id: str, fields: dict[str, str]) -> StockEvent:
+    try:
+        stream_position(entry_id)
+    except ValueError:
+        raise BadEvent(f"entry id {entry_id!r} is not a stream id") from None
+    try:
+        kind = EventKind(fields.get("event", ""))
+    except ValueError:
+        raise BadEvent(f"unknown event kind {fields.get('event')!r}") from None
+    missing = [f for f in ("item_id", "at_ms", *_REQUIRED[kind]) if not fields.get(f)]
+    if missing:
+        raise BadEvent(f"{kind} event without {', '.join(missing)}")
+    get = fields.get
+    reason = get("reason")
+    try:
+        release_reason = ReleaseReason(reason) if reason else None
+    except ValueError:
+        raise BadEvent(f"unknown release reason {reason!r}") from None
+    return StockEvent(
+        event_id=entry_id,
+        kind=kind,
+        item_id=_number(fields, "item_id", low=1),
+        at_ms=_number(fields, "at_ms"),
+        order_id=_number(fields, "order_id", low=1) if get("order_id") else None,
+        buyer=get("buyer"),
+        quantity=_number(fields, "quantity", low=1) if get("quantity") else None,
+        deadline_ms=_number(fields, "deadline_ms") if get("deadline_ms") else None,
+        reason=release_reason,
+        total=_number(fields, "total") if get("total") else None,
+    )

@@ -1,0 +1,1 @@
+"""The SQL system of record: tables, migrations and the ledger the persister writes through."""

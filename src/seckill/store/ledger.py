@@ -1,0 +1,461 @@
+"""The ledger: lands stream events in SQL, once in effect, in one transaction per batch.
+
+Counters move only through order transitions, never straight from events: an event moves an
+order forward (absent -> held -> paid | released), and the transition says how stock moves.
+Events of one order may land in any order (several persisters share a stream) and any number of
+times (redelivery): a transition happens at most once, so the inventory always equals the sum
+over orders, and states never move backwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import and_, bindparam, func, insert, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from seckill.domain import rules
+from seckill.domain.events import BadEvent, EventKind, StockEvent
+from seckill.domain.items import SaleItem, Stock
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
+from seckill.store.tables import (
+    DeadLetter,
+    Inventory,
+    Item,
+    Order,
+    StockFlow,
+    datetime_to_ms,
+    ms_to_datetime,
+)
+
+Moves = tuple[int, int, int]  # available, held, sold (per unit)
+
+# (status before, event) -> (status after, how each unit moves). Absent means no row yet.
+TRANSITIONS: dict[tuple[str | None, EventKind], tuple[str, Moves]] = {
+    (None, EventKind.RESERVED): ("held", (-1, +1, 0)),
+    (None, EventKind.PAID): ("paid", (-1, 0, +1)),  # its `reserved` lands later, as a no-op
+    (None, EventKind.RELEASED): ("released", (0, 0, 0)),
+    ("held", EventKind.PAID): ("paid", (0, -1, +1)),
+    ("held", EventKind.RELEASED): ("released", (+1, -1, 0)),
+}
+# Already at or past where the event leads: nothing to do.
+NO_OPS = {
+    *((status, EventKind.RESERVED) for status in ("held", "paid", "released", "refund_required")),
+    ("paid", EventKind.PAID),
+    ("released", EventKind.RELEASED),
+    ("refund_required", EventKind.RELEASED),
+}
+
+
+def padded_position(event: StockEvent) -> str:
+    """A stream position as a string that sorts like the position itself."""
+    ms, seq = event.position
+    return f"{ms:020d}-{seq:020d}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewItem:
+    name: str
+    price_cents: int
+    total: int
+    starts_at: datetime
+    ends_at: datetime
+    per_buyer_limit: int
+    hold_seconds: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= 200:
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "name must be 1 to 200 characters")
+        if not isinstance(self.price_cents, int) or self.price_cents < 0:
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "price must be whole cents >= 0")
+        if self.starts_at.tzinfo is None or self.ends_at.tzinfo is None:
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "sale window times need a time zone")
+        rules.check_sale_item(
+            total=self.total,
+            starts_at_ms=datetime_to_ms(self.starts_at),
+            ends_at_ms=datetime_to_ms(self.ends_at),
+            per_buyer_limit=self.per_buyer_limit,
+            hold_ms=self.hold_seconds * 1000 if isinstance(self.hold_seconds, int) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class OrderRecord:
+    order_id: int
+    buyer: str
+    quantity: int
+    status: str
+    release_reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetterRecord:
+    id: int
+    stream: str
+    entry_id: str
+    payload: dict[str, str]
+    error: str
+    deliveries: int
+    created_at: datetime
+    replayed_at: datetime | None
+
+
+@dataclass(slots=True)
+class _OrderState:
+    status: str
+    quantity: int
+    buyer: str
+    item_id: int
+
+
+class Ledger:
+    """Writes landed events and reads the record. Safe to share between tasks and processes."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def apply(self, events: Sequence[StockEvent]) -> int:
+        """Land a batch in one transaction; returns how many events were new.
+
+        Raises BadEvent for an event that contradicts the record (a paid order released, a
+        quantity that changed, an item SQL does not know), and lets database errors through:
+        nothing is written unless everything is.
+        """
+        async with self.engine.begin() as conn:
+            fresh = await self._unseen(conn, events)
+            if not fresh:
+                return 0
+            orders = await self._lock_orders(conn, {e.order_id for e in fresh if e.order_id})
+            prices = await self._prices(conn, {e.item_id for e in fresh})
+            plan = _Plan(orders, prices)
+            for event in sorted(fresh, key=lambda e: (e.item_id, e.position)):
+                plan.add(event)
+            await plan.write(conn)
+            return len(fresh)
+
+    # -- the record: items, counters, orders, dead letters --------------------------------------
+
+    async def create_item(self, item: NewItem) -> int:
+        """Put an item in the record with its inventory (all stock available); returns its id."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                insert(Item).values(
+                    name=item.name,
+                    price_cents=item.price_cents,
+                    total=item.total,
+                    starts_at=item.starts_at,
+                    ends_at=item.ends_at,
+                    per_buyer_limit=item.per_buyer_limit,
+                    hold_seconds=item.hold_seconds,
+                    created_at=datetime.now(UTC),
+                )
+            )
+            key = result.inserted_primary_key
+            assert key is not None
+            item_id = int(key[0])
+            await conn.execute(
+                insert(Inventory).values(
+                    item_id=item_id, total=item.total, available=item.total, held=0, sold=0,
+                    version=0, loaded_position="",
+                )
+            )  # fmt: skip
+        return item_id
+
+    async def sale_item(self, item_id: int) -> SaleItem | None:
+        """The item as the engine sells it, or None if SQL has no such item."""
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(Item).where(Item.id == item_id))).first()
+        if row is None:
+            return None
+        return SaleItem(
+            item_id=row.id,
+            total=row.total,
+            starts_at_ms=datetime_to_ms(row.starts_at),
+            ends_at_ms=datetime_to_ms(row.ends_at),
+            per_buyer_limit=row.per_buyer_limit,
+            hold_ms=row.hold_seconds * 1000,
+        )
+
+    async def item_ids(self) -> list[int]:
+        async with self.engine.connect() as conn:
+            return list((await conn.execute(select(Item.id).order_by(Item.id))).scalars())
+
+    async def stock(self, item_id: int) -> Stock | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(
+                        Inventory.total, Inventory.available, Inventory.held, Inventory.sold
+                    ).where(Inventory.item_id == item_id)
+                )
+            ).first()
+        return None if row is None else Stock(row.total, row.available, row.held, row.sold)
+
+    async def orders(self, item_id: int) -> dict[int, OrderRecord]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(
+                    Order.id, Order.buyer, Order.quantity, Order.status, Order.release_reason
+                ).where(Order.item_id == item_id)
+            )
+            return {
+                r.id: OrderRecord(r.id, r.buyer, r.quantity, r.status, r.release_reason)
+                for r in rows
+            }
+
+    async def journal_size(self, item_id: int) -> int:
+        async with self.engine.connect() as conn:
+            count = await conn.execute(
+                select(func.count()).select_from(StockFlow).where(StockFlow.item_id == item_id)
+            )
+            return int(count.scalar_one())
+
+    async def add_dead_letter(
+        self, *, stream: str, entry_id: str, payload: dict[str, str], error: str, deliveries: int
+    ) -> None:
+        """Record an entry given up on. Recording the same entry twice keeps the first."""
+        async with self.engine.begin() as conn:
+            known = await conn.execute(
+                select(DeadLetter.id).where(
+                    DeadLetter.stream == stream, DeadLetter.entry_id == entry_id
+                )
+            )
+            if known.first() is None:
+                await conn.execute(
+                    insert(DeadLetter).values(
+                        stream=stream,
+                        entry_id=entry_id,
+                        payload=json.dumps(payload, sort_keys=True),
+                        error=error[:4000],
+                        deliveries=deliveries,
+                        created_at=datetime.now(UTC),
+                    )
+                )
+
+    async def dead_letters(self, *, include_replayed: bool = False) -> list[DeadLetterRecord]:
+        query = select(DeadLetter).order_by(DeadLetter.id)
+        if not include_replayed:
+            query = query.where(DeadLetter.replayed_at.is_(None))
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(query)
+            return [
+                DeadLetterRecord(
+                    id=r.id, stream=r.stream, entry_id=r.entry_id, payload=json.loads(r.payload),
+                    error=r.error, deliveries=r.deliveries, created_at=r.created_at,
+                    replayed_at=r.replayed_at,
+                )
+                for r in rows
+            ]  # fmt: skip
+
+    async def mark_replayed(self, dead_letter_id: int) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(DeadLetter)
+                .where(DeadLetter.id == dead_letter_id)
+                .values(replayed_at=datetime.now(UTC))
+            )
+
+    # -- landing ---------------------------------------------------------------------------------
+
+    async def _unseen(
+        self, conn: AsyncConnection, events: Sequence[StockEvent]
+    ) -> list[StockEvent]:
+        unique = {(e.item_id, e.event_id): e for e in events}
+        seen = await conn.execute(
+            select(StockFlow.item_id, StockFlow.event_id).where(
+                tuple_(StockFlow.item_id, StockFlow.event_id).in_(list(unique))
+            )
+        )
+        for row in seen:
+            unique.pop((row.item_id, row.event_id), None)
+        return list(unique.values())
+
+    async def _lock_orders(self, conn: AsyncConnection, ids: set[int]) -> dict[int, _OrderState]:
+        if not ids:
+            return {}
+        rows = await conn.execute(
+            select(Order.id, Order.status, Order.quantity, Order.buyer, Order.item_id)
+            .where(Order.id.in_(sorted(ids)))
+            .order_by(Order.id)  # one lock order for every persister: no deadlock between them
+            .with_for_update()
+        )
+        return {r.id: _OrderState(r.status, r.quantity, r.buyer, r.item_id) for r in rows}
+
+    async def _prices(self, conn: AsyncConnection, item_ids: set[int]) -> dict[int, int]:
+        rows = await conn.execute(select(Item.id, Item.price_cents).where(Item.id.in_(item_ids)))
+        prices = {r.id: r.price_cents for r in rows}
+        unknown = item_ids - prices.keys()
+        if unknown:
+            raise BadEvent(f"events for items SQL does not know: {sorted(unknown)}")
+        return prices
+
+
+class _Plan:
+    """What one batch writes, worked out in memory before a single statement runs."""
+
+    def __init__(self, orders: dict[int, _OrderState], prices: dict[int, int]) -> None:
+        self.orders = orders
+        self.prices = prices
+        self.journal: list[dict[str, Any]] = []
+        self.inserts: dict[int, dict[str, Any]] = {}
+        self.updates: list[dict[str, Any]] = []
+        self.stock: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.loads: dict[int, StockEvent] = {}
+        self.now = datetime.now(UTC)
+
+    def add(self, event: StockEvent) -> None:
+        moves: Moves = (0, 0, 0)
+        if event.kind is EventKind.LOADED:
+            newest = self.loads.get(event.item_id)
+            if newest is None or newest.position < event.position:
+                self.loads[event.item_id] = event
+        else:
+            moves = self._move_order(event)
+        assert event.quantity is not None or event.kind is EventKind.LOADED
+        units = event.quantity or 0
+        delta = [m * units for m in moves]
+        for i, d in enumerate(delta):
+            self.stock[event.item_id][i] += d
+        self.journal.append(
+            {
+                "item_id": event.item_id,
+                "event_id": event.event_id,
+                "event": event.kind.value,
+                "order_id": event.order_id,
+                "quantity": event.quantity,
+                "reason": event.reason.value if event.reason else None,
+                "at": ms_to_datetime(event.at_ms),
+                "available_delta": delta[0],
+                "held_delta": delta[1],
+                "sold_delta": delta[2],
+            }
+        )
+
+    def _move_order(self, event: StockEvent) -> Moves:
+        assert event.order_id is not None and event.quantity is not None and event.buyer
+        current = self.orders.get(event.order_id)
+        if current is not None and (
+            (current.quantity, current.buyer, current.item_id)
+            != (event.quantity, event.buyer, event.item_id)
+        ):
+            raise BadEvent(
+                f"{event.kind} event for order {event.order_id} says {event.quantity} x "
+                f"{event.buyer!r} of item {event.item_id}; the order says {current.quantity} x "
+                f"{current.buyer!r} of item {current.item_id}"
+            )
+        status = current.status if current else None
+        if (status, event.kind) in NO_OPS:
+            return (0, 0, 0)
+        step = TRANSITIONS.get((status, event.kind))
+        if step is None:
+            raise BadEvent(f"order {event.order_id} is {status}: a {event.kind} event cannot apply")
+        new_status, moves = step
+        at = ms_to_datetime(event.at_ms)
+        if current is None:
+            self.orders[event.order_id] = _OrderState(
+                new_status, event.quantity, event.buyer, event.item_id
+            )
+            self.inserts[event.order_id] = {
+                "id": event.order_id,
+                "item_id": event.item_id,
+                "buyer": event.buyer,
+                "quantity": event.quantity,
+                "price_cents": self.prices[event.item_id] * event.quantity,
+                "status": new_status,
+                "release_reason": event.reason.value if event.reason else None,
+                "deadline_at": ms_to_datetime(event.deadline_ms) if event.deadline_ms else None,
+                "reserved_at": at,
+                "paid_at": at if new_status == "paid" else None,
+                "released_at": at if new_status == "released" else None,
+                "updated_at": self.now,
+            }
+        elif event.order_id in self.inserts:  # born in this batch: amend the insert
+            current.status = new_status
+            row = self.inserts[event.order_id]
+            row["status"] = new_status
+            row["paid_at" if new_status == "paid" else "released_at"] = at
+            row["release_reason"] = event.reason.value if event.reason else None
+        else:
+            self.updates.append(
+                {
+                    "b_id": event.order_id,
+                    "b_from": current.status,
+                    "b_status": new_status,
+                    "b_paid_at": at if new_status == "paid" else None,
+                    "b_released_at": at if new_status == "released" else None,
+                    "b_reason": event.reason.value if event.reason else None,
+                    "b_now": self.now,
+                }
+            )
+            current.status = new_status
+        return moves
+
+    async def write(self, conn: AsyncConnection) -> None:
+        await conn.execute(insert(StockFlow), self.journal)
+        if self.inserts:
+            await conn.execute(insert(Order), list(self.inserts.values()))
+        for row in self.updates:
+            # One row at a time: each is guarded by the status it moves from.
+            result = await conn.execute(_ADVANCE_ORDER, row)
+            if result.rowcount != 1:
+                raise BadEvent(f"order {row['b_id']} was not {row['b_from']} when it moved")
+        for item_id, (available, held, sold) in self.stock.items():
+            if available or held or sold:
+                await _move_stock(conn, item_id, available, held, sold)
+        for event in self.loads.values():
+            await conn.execute(
+                update(Inventory)
+                .where(
+                    Inventory.item_id == event.item_id,
+                    Inventory.loaded_position < padded_position(event),
+                )
+                .values(
+                    available=Inventory.available + (event.total - Inventory.total),
+                    total=event.total,
+                    version=Inventory.version + 1,
+                    loaded_position=padded_position(event),
+                )
+            )
+
+
+_ADVANCE_ORDER = (
+    update(Order)
+    .where(and_(Order.id == bindparam("b_id"), Order.status == bindparam("b_from")))
+    .values(
+        status=bindparam("b_status"),
+        paid_at=bindparam("b_paid_at"),
+        released_at=bindparam("b_released_at"),
+        release_reason=bindparam("b_reason"),
+        updated_at=bindparam("b_now"),
+    )
+)
+
+
+async def _move_stock(
+    conn: AsyncConnection, item_id: int, available: int, held: int, sold: int
+) -> None:
+    result = await conn.execute(
+        update(Inventory)
+        .where(
+            Inventory.item_id == item_id,
+            Inventory.available + available >= 0,
+            Inventory.held + held >= 0,
+            Inventory.sold + sold >= 0,
+        )
+        .values(
+            available=Inventory.available + available,
+            held=Inventory.held + held,
+            sold=Inventory.sold + sold,
+            version=Inventory.version + 1,
+        )
+    )
+    if result.rowcount != 1:
+        raise BadEvent(
+            f"inventory of item {item_id} cannot move by available {available:+}, held "
+            f"{held:+}, sold {sold:+} (missing, or a counter would go below zero)"
+        )

@@ -1,0 +1,178 @@
+"""SQL tables (SQLAlchemy 2). One schema for SQLite, MariaDB/MySQL and PostgreSQL.
+
+Times are stored as UTC without a zone (MariaDB's DATETIME has none) and read back as aware UTC.
+Money is whole cents. Counts are BIGINT: a total can be large, an order id is 64-bit.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# An autoincrement BIGINT that SQLite accepts as its rowid alias.
+BigId = BigInteger().with_variant(Integer, "sqlite")
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    impl = DateTime(timezone=False).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass an aware UTC time")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def datetime_to_ms(moment: datetime) -> int:
+    return round(moment.timestamp() * 1000)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "ck": "ck_%(table_name)s_%(constraint_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+
+
+class Item(Base):
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    price_cents: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[int] = mapped_column(BigInteger)
+    starts_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    ends_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    per_buyer_limit: Mapped[int] = mapped_column(Integer)
+    hold_seconds: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        CheckConstraint("price_cents >= 0", name="price"),
+        CheckConstraint("total >= 0", name="total"),
+        CheckConstraint("per_buyer_limit >= 1", name="per_buyer_limit"),
+        CheckConstraint("hold_seconds >= 1", name="hold_seconds"),
+        CheckConstraint("starts_at < ends_at", name="window"),
+    )
+
+
+class Inventory(Base):
+    """Stock counters per item, moved only by landed events."""
+
+    __tablename__ = "inventory"
+
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id"), primary_key=True)
+    total: Mapped[int] = mapped_column(BigInteger)
+    available: Mapped[int] = mapped_column(BigInteger)
+    held: Mapped[int] = mapped_column(BigInteger, default=0)
+    sold: Mapped[int] = mapped_column(BigInteger, default=0)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The newest `loaded` event applied ("ms-seq", zero-padded so strings sort as positions).
+    loaded_position: Mapped[str] = mapped_column(String(41), default="")
+
+    __table_args__ = (
+        CheckConstraint("available >= 0", name="available"),
+        CheckConstraint("held >= 0", name="held"),
+        CheckConstraint("sold >= 0", name="sold"),
+        CheckConstraint("available + held + sold = total", name="balanced"),
+    )
+
+
+ORDER_STATUSES = ("held", "paid", "released", "refund_required")
+
+
+class Order(Base):
+    __tablename__ = "orders"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id"))
+    buyer: Mapped[str] = mapped_column(String(64))
+    quantity: Mapped[int] = mapped_column(Integer)
+    price_cents: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))
+    release_reason: Mapped[str | None] = mapped_column(String(16))
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    reserved_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    paid_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        CheckConstraint("quantity >= 1", name="quantity"),
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{s}'" for s in ORDER_STATUSES) + ")", name="status"
+        ),
+        Index(None, "item_id", "status"),
+        Index(None, "item_id", "buyer"),
+    )
+
+
+class StockFlow(Base):
+    """The journal: one row per stream event, with the counter moves it caused."""
+
+    __tablename__ = "stock_flow"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    item_id: Mapped[int] = mapped_column(BigInteger)
+    event_id: Mapped[str] = mapped_column(String(41))
+    event: Mapped[str] = mapped_column(String(16))
+    order_id: Mapped[int | None] = mapped_column(BigInteger)
+    quantity: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(String(16))
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+    available_delta: Mapped[int] = mapped_column(BigInteger)
+    held_delta: Mapped[int] = mapped_column(BigInteger)
+    sold_delta: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        UniqueConstraint("item_id", "event_id"),
+        Index(None, "order_id"),
+    )
+
+
+class DeadLetter(Base):
+    """A stream entry that could not be landed after its deliveries, with why."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    stream: Mapped[str] = mapped_column(String(200))
+    entry_id: Mapped[str] = mapped_column(String(41))
+    payload: Mapped[str] = mapped_column(Text)
+    error: Mapped[str] = mapped_column(Text)
+    deliveries: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    replayed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (UniqueConstraint("stream", "entry_id"),)

@@ -1,0 +1,1 @@
+"""Background workers: each a class with ``run_once()``, driven by one shared loop."""

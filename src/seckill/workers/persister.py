@@ -1,0 +1,271 @@
+"""The persister: lands every item stream's events in SQL through the ledger.
+
+One consumer group (``persister``) per item stream, found through the items registry. Each pass
+reads a batch with XREADGROUP, lands it in one transaction, then XACKs, so an entry is
+acknowledged only once it is in SQL. Several persister processes share the group safely: the
+ledger makes every event idempotent and order-independent.
+
+Failures, by kind:
+- the database is unreachable: the batch is retried as it is (no delivery counted) until it
+  lands or the worker is stopped; nothing is read meanwhile, so the backlog waits in Redis;
+- an entry cannot land (undecodable, contradicting the record): the batch is split in halves
+  until the bad entry stands alone, its neighbours land, and it stays pending; it comes back
+  through XAUTOCLAIM once idle, and after ``max_deliveries`` it becomes a dead letter (a table
+  row and an entry on the item's dead-letter stream) with its error;
+- a crashed persister: its pending entries go idle and another persister claims them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from seckill.domain.events import BadEvent, StockEvent, decode_event, stream_position
+from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
+from seckill.store.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+GROUP = "persister"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PersisterConfig:
+    batch_size: int = 500
+    block_ms: int = 1_000
+    claim_idle_ms: int = 30_000  # an entry pending this long belongs to a dead consumer
+    max_deliveries: int = 5
+    trim_every_s: float = 5.0
+    retry_pause_s: float = 0.5  # first pause while the database is down (doubles, capped)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    keys: ItemKeys
+    entry_id: str
+    fields: dict[str, str]
+
+
+class DatabaseDown(Exception):
+    """The database could not be reached; the batch in hand is kept and retried."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that says nothing about the entries: connection lost, lock conflict."""
+    if isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout):
+        return True
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        # PostgreSQL serialization failure and deadlock
+        return getattr(exc.orig, "sqlstate", None) in {"40001", "40P01"}
+    return isinstance(exc, OSError | ConnectionError | asyncio.TimeoutError)
+
+
+class Persister:
+    name = "persister"
+
+    def __init__(
+        self,
+        *,
+        redis: Redis,
+        ledger: Ledger,
+        prefix: str = DEFAULT_PREFIX,
+        consumer: str | None = None,
+        config: PersisterConfig | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> None:
+        self._redis = redis
+        self._ledger = ledger
+        self._prefix = prefix
+        self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.config = config or PersisterConfig()
+        self._stop = stop or asyncio.Event()
+        self._streams: dict[str, ItemKeys] = {}
+        self._next_claim = 0.0
+        self._next_trim = 0.0
+        self.landed = 0
+        self.dead_lettered = 0
+
+    async def run_once(self) -> int:
+        """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
+        await self._discover()
+        if not self._streams:
+            await asyncio.sleep(self.config.block_ms / 1000)
+            return 0
+        done = 0
+        now = time.monotonic()
+        if now >= self._next_claim:
+            self._next_claim = now + max(self.config.claim_idle_ms / 2000, 0.05)
+            done += await self._land(await self._claim_idle())
+        fresh = await self._read(block=not done)
+        done += await self._land(fresh)
+        if now >= self._next_trim:
+            self._next_trim = now + self.config.trim_every_s
+            await self.trim()
+        return done
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def _discover(self) -> None:
+        members = cast(set[str], await self._redis.smembers(items_registry(self._prefix)))
+        for member in members:
+            keys = item_keys(int(member), self._prefix)
+            if keys.events not in self._streams:
+                try:
+                    await self._redis.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self._streams[keys.events] = keys
+
+    async def _read(self, *, block: bool) -> list[Entry]:
+        reply = cast(
+            list[tuple[str, list[tuple[str, dict[str, str] | None]]]] | None,
+            await self._redis.xreadgroup(
+                GROUP,
+                self.consumer,
+                dict.fromkeys(self._streams, ">"),
+                count=self.config.batch_size,
+                block=self.config.block_ms if block else None,
+            ),
+        )
+        return [
+            Entry(self._streams[stream], entry_id, fields)
+            for stream, entries in (reply or [])
+            for entry_id, fields in entries
+            if fields is not None
+        ]
+
+    async def _claim_idle(self) -> list[Entry]:
+        claimed: list[Entry] = []
+        for stream, keys in self._streams.items():
+            reply = await self._redis.xautoclaim(
+                stream,
+                GROUP,
+                self.consumer,
+                min_idle_time=self.config.claim_idle_ms,
+                start_id="0-0",
+                count=self.config.batch_size,
+            )
+            for entry_id, fields in reply[1]:
+                if fields is None:  # deleted from the stream while pending: nothing to land
+                    await self._redis.xack(stream, GROUP, entry_id)
+                else:
+                    claimed.append(Entry(keys, entry_id, fields))
+        return claimed
+
+    # -- landing -------------------------------------------------------------------------------
+
+    async def _land(self, entries: list[Entry]) -> int:
+        if not entries:
+            return 0
+        decoded: list[tuple[Entry, StockEvent]] = []
+        for entry in entries:
+            try:
+                decoded.append((entry, decode_event(entry.entry_id, entry.fields)))
+            except BadEvent as exc:
+                await self._failed(entry, str(exc))
+        landed = await self._apply(decoded)
+        await self._ack(landed)
+        self.landed += len(landed)
+        return len(landed)
+
+    async def _apply(self, batch: Sequence[tuple[Entry, StockEvent]]) -> list[Entry]:
+        """Land what can land; returns those entries. Splits around entries that cannot."""
+        if not batch:
+            return []
+        pause = self.config.retry_pause_s
+        while True:
+            try:
+                await self._ledger.apply([event for _, event in batch])
+                return [entry for entry, _ in batch]
+            except Exception as exc:
+                if is_transient(exc):
+                    if self._stop.is_set():
+                        raise DatabaseDown(str(exc)) from exc  # leave it pending for later
+                    log.warning("database unavailable (%s); retrying in %.1f s", exc, pause)
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, 5.0)
+                    continue
+                if len(batch) == 1:
+                    await self._failed(batch[0][0], f"{type(exc).__name__}: {exc}")
+                    return []
+                half = len(batch) // 2
+                return await self._apply(batch[:half]) + await self._apply(batch[half:])
+
+    async def _failed(self, entry: Entry, error: str) -> None:
+        """An entry that cannot land: dead-letter it once delivered often enough, else wait."""
+        deliveries = await self._deliveries(entry)
+        if deliveries < self.config.max_deliveries:
+            log.warning(
+                "entry %s of %s failed (delivery %d of %d): %s",
+                entry.entry_id, entry.keys.events, deliveries, self.config.max_deliveries, error,
+            )  # fmt: skip
+            return
+        await self._ledger.add_dead_letter(
+            stream=entry.keys.events,
+            entry_id=entry.entry_id,
+            payload=entry.fields,
+            error=error,
+            deliveries=deliveries,
+        )
+        dead: dict[Any, Any] = {
+            **entry.fields,
+            "dead_entry_id": entry.entry_id,
+            "dead_error": error[:1000],
+        }
+        await self._redis.xadd(entry.keys.dead_letters, dead)
+        await self._redis.xack(entry.keys.events, GROUP, entry.entry_id)
+        self.dead_lettered += 1
+        log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
+
+    async def _deliveries(self, entry: Entry) -> int:
+        pending = await self._redis.xpending_range(
+            entry.keys.events, GROUP, min=entry.entry_id, max=entry.entry_id, count=1
+        )
+        return int(pending[0]["times_delivered"]) if pending else 1
+
+    async def _ack(self, entries: list[Entry]) -> None:
+        by_stream: dict[str, list[str]] = defaultdict(list)
+        for entry in entries:
+            by_stream[entry.keys.events].append(entry.entry_id)
+        for stream, ids in by_stream.items():
+            await self._redis.xack(stream, GROUP, *ids)
+
+    # -- bounded memory ------------------------------------------------------------------------
+
+    async def trim(self) -> None:
+        """Drop stream entries that every consumer group has acknowledged."""
+        for stream in self._streams:
+            safe = await self._acknowledged_below(stream)
+            if safe is not None:
+                await self._redis.xtrim(stream, minid=safe)
+
+    async def _acknowledged_below(self, stream: str) -> str | None:
+        """The lowest entry id some group still needs; everything below it is done with."""
+        groups: list[dict[str, Any]] = await self._redis.xinfo_groups(stream)
+        if not groups:
+            return None
+        needed: list[str] = []
+        for group in groups:
+            if group["pending"]:
+                summary = await self._redis.xpending(stream, group["name"])
+                needed.append(summary["min"])
+            else:
+                ms, seq = stream_position(group["last-delivered-id"])
+                needed.append(f"{ms}-{seq + 1}")
+        return min(needed, key=stream_position)

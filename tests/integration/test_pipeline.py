@@ -1,0 +1,154 @@
+"""Stream to SQL: every accepted reservation lands once, whatever the order and repetitions."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+from redis.asyncio import Redis
+
+from seckill.catalog import warm_item
+from seckill.domain.events import decode_event
+from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.ids import OrderIds
+from seckill.engine.engine import RedisEngine
+from seckill.store.ledger import Ledger
+from seckill.workers.persister import GROUP, Persister, PersisterConfig
+from tests.conftest import new_item
+
+FAST = PersisterConfig(batch_size=200, block_ms=50, claim_idle_ms=200, trim_every_s=0.2)
+
+
+@dataclass
+class Sale:
+    engine: RedisEngine
+    ledger: Ledger
+    redis: Redis
+    item_id: int
+    ids: OrderIds
+
+    def persister(self, **config: Any) -> Persister:
+        settings = dataclasses.replace(FAST, **config)
+        return Persister(redis=self.redis, ledger=self.ledger, config=settings)
+
+    async def buy(self, buyer: str, quantity: int = 1) -> int | None:
+        answer = await self.engine.reserve(
+            self.item_id,
+            buyer=buyer,
+            quantity=quantity,
+            idempotency_key="k",
+            order_id=self.ids.next(),
+        )
+        return answer.order_id if answer.accepted else None
+
+
+@pytest.fixture
+async def sale(engine: RedisEngine, ledger: Ledger, redis: Redis) -> AsyncIterator[Sale]:
+    item_id = await ledger.create_item(new_item(total=1_000, limit=2))
+    await warm_item(engine, ledger, item_id)
+    yield Sale(engine, ledger, redis, item_id, OrderIds(5))
+
+
+async def stream_drained(redis: Redis, stream: str) -> bool:
+    info = cast(dict[str, Any], await redis.xinfo_stream(stream))
+    groups = cast(list[dict[str, Any]], await redis.xinfo_groups(stream))
+    return bool(groups) and all(
+        g["pending"] == 0 and g["last-delivered-id"] == info["last-generated-id"] for g in groups
+    )
+
+
+async def drain(sale: Sale, *persisters: Persister, limit_s: float = 60) -> None:
+    """Run the persisters until the item's stream is fully landed and acknowledged."""
+    persisters = persisters or (sale.persister(),)
+    stream = sale.engine.keys(sale.item_id).events
+    async with asyncio.timeout(limit_s):
+        while True:
+            await asyncio.gather(*(p.run_once() for p in persisters))
+            if await stream_drained(sale.redis, stream):
+                return
+
+
+async def assert_sql_matches_redis(sale: Sale) -> None:
+    holds = await sale.engine.holds(sale.item_id)
+    orders = await sale.ledger.orders(sale.item_id)
+    assert {o: (h.buyer, h.quantity, h.state.value) for o, h in holds.items()} == {
+        o: (r.buyer, r.quantity, r.status) for o, r in orders.items()
+    }
+    assert await sale.ledger.stock(sale.item_id) == await sale.engine.stock(sale.item_id)
+
+
+async def test_2000_reservations_paid_and_released_land_one_to_one(sale: Sale) -> None:
+    rng = random.Random(1)
+    order_ids = await asyncio.gather(*(sale.buy(f"b{n}", rng.choice((1, 2))) for n in range(2_000)))
+    held = [o for o in order_ids if o]
+    assert held
+    for order_id in held:
+        fate = rng.random()
+        if fate < 0.5:
+            await sale.engine.confirm(sale.item_id, order_id)
+        elif fate < 0.8:
+            await sale.engine.release(sale.item_id, order_id, ReleaseReason.CANCELLED)
+    await drain(sale)
+    await assert_sql_matches_redis(sale)
+    holds = (await sale.engine.holds(sale.item_id)).values()
+    assert {h.state for h in holds} == {HoldState.HELD, HoldState.PAID, HoldState.RELEASED}
+    # one journal row per event: loaded, one reserved per hold, one paid or released per settled
+    settled = sum(h.state is not HoldState.HELD for h in holds)
+    assert await sale.ledger.journal_size(sale.item_id) == 1 + len(holds) + settled
+
+
+async def test_entries_delivered_1_to_5_times_land_once(sale: Sale) -> None:
+    """Claims and replays: every entry is handed to the ledger 1 to 5 times, in any order."""
+    rng = random.Random(2)
+    for n in range(300):
+        order_id = await sale.buy(f"b{n}")
+        assert order_id
+        if n % 3 == 0:
+            await sale.engine.confirm(sale.item_id, order_id)
+        elif n % 3 == 1:
+            await sale.engine.release(sale.item_id, order_id, ReleaseReason.EXPIRED)
+    stream = sale.engine.keys(sale.item_id).events
+    entries = await sale.redis.xrange(stream)
+    events = [decode_event(entry_id, fields) for entry_id, fields in entries]
+    deliveries = [e for e in events for _ in range(rng.randint(1, 5))]
+    rng.shuffle(deliveries)
+    for start in range(0, len(deliveries), 97):  # uneven batches, in shuffled order
+        await sale.ledger.apply(deliveries[start : start + 97])
+    await drain(sale)  # and the persister's own delivery on top
+    await assert_sql_matches_redis(sale)
+    assert await sale.ledger.journal_size(sale.item_id) == len(events)
+
+
+async def test_a_poison_entry_becomes_a_dead_letter_and_its_neighbours_land(sale: Sale) -> None:
+    stream = sale.engine.keys(sale.item_id).events
+    before = await sale.buy("before")
+    poison = await sale.redis.xadd(stream, {"event": "reserved", "item_id": str(sale.item_id)})
+    after = await sale.buy("after")
+    persister = sale.persister(max_deliveries=3)
+    await drain(sale, persister)
+    letters = await sale.ledger.dead_letters()
+    assert [(d.stream, d.entry_id, d.deliveries) for d in letters] == [(stream, poison, 3)]
+    assert "without" in letters[0].error  # says which fields were missing
+    orders = await sale.ledger.orders(sale.item_id)
+    assert before in orders and after in orders
+    dead = await sale.redis.xrange(sale.engine.keys(sale.item_id).dead_letters)
+    assert [fields["dead_entry_id"] for _, fields in dead] == [poison]
+    assert persister.dead_lettered == 1
+
+
+async def test_acknowledged_entries_are_trimmed(sale: Sale) -> None:
+    for n in range(50):
+        await sale.buy(f"b{n}")
+    stream = sale.engine.keys(sale.item_id).events
+    persister = sale.persister()
+    await drain(sale, persister)
+    await persister.trim()
+    assert await sale.redis.xlen(stream) <= 1
+    await assert_sql_matches_redis(sale)
+    group = (await sale.redis.xinfo_groups(stream))[0]
+    assert group["name"] == GROUP and group["pending"] == 0
