@@ -15,6 +15,9 @@ from seckill.engine.engine import Clock, RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.engine.worker_ids import leased_order_ids
 from seckill.redis_server import RedisServer
+from seckill.store.database import open_database
+from seckill.store.ledger import Ledger
+from seckill.store.migrate import upgrade
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +26,7 @@ class Runtime:
     redis: Redis
     engine: RedisEngine
     order_ids: OrderIds
+    ledger: Ledger
     embedded_redis: RedisServer | None
 
 
@@ -60,6 +64,10 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
                     ttl_ms=settings.worker_id_lease_seconds * 1000,
                 )
             )
+        database = open_database(settings.effective_database_url)
+        stack.push_async_callback(database.dispose)
+        if settings.database_url_is_default:
+            await upgrade(database)  # the embedded SQLite file is ours to keep current
         engine = RedisEngine(
             redis,
             scripts=scripts,
@@ -72,5 +80,6 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             redis=redis,
             engine=engine,
             order_ids=order_ids,
+            ledger=Ledger(database),
             embedded_redis=embedded,
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,8 +36,11 @@ class Settings(BaseSettings):
     )
     worker_id_lease_seconds: int = Field(30, ge=3)
 
-    @model_validator(mode="after")
-    def _default_database(self) -> Settings:
-        if not self.database_url:
-            self.database_url = f"sqlite+aiosqlite:///{self.data_dir / 'seckill.db'}"
-        return self
+    @property
+    def database_url_is_default(self) -> bool:
+        return not self.database_url
+
+    @property
+    def effective_database_url(self) -> str:
+        """The configured database, or the embedded SQLite file in the data directory."""
+        return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'seckill.db'}"

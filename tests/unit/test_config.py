@@ -17,7 +17,8 @@ def test_settings_read_the_seckill_prefix(monkeypatch: pytest.MonkeyPatch) -> No
     settings = Settings()
     assert settings.redis_url == "redis://127.0.0.1:6390/0"
     assert settings.hold_seconds == 90
-    assert settings.database_url == f"sqlite+aiosqlite:///{Path('/tmp/sk') / 'seckill.db'}"
+    assert settings.effective_database_url == f"sqlite+aiosqlite:///{Path('/tmp/sk') / 'seckill.db'}"
+    assert settings.database_url_is_default
 
 
 def test_bad_settings_are_refused_with_the_field_named(monkeypatch: pytest.MonkeyPatch) -> None:
