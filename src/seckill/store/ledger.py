@@ -414,11 +414,13 @@ class _Plan:
                     Inventory.item_id == event.item_id,
                     Inventory.loaded_position < padded_position(event),
                 )
-                .values(
-                    available=Inventory.available + (event.total - Inventory.total),
-                    total=event.total,
-                    version=Inventory.version + 1,
-                    loaded_position=padded_position(event),
+                # MariaDB assigns left to right, each seeing the ones before: available must
+                # read the old total, so it comes first.
+                .ordered_values(
+                    (Inventory.available, Inventory.available + (event.total - Inventory.total)),
+                    (Inventory.total, event.total),
+                    (Inventory.version, Inventory.version + 1),
+                    (Inventory.loaded_position, padded_position(event)),
                 )
             )
 

@@ -63,16 +63,31 @@ class DatabaseDown(Exception):
     """The database could not be reached; the batch in hand is kept and retried."""
 
 
+# Errors that say nothing about the entries: the server is away, busy, or chose a victim.
+_MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055}
+_PG_TRANSIENT = ("08", "40001", "40P01", "53", "57P")  # SQLSTATE classes and codes
+
+
 def is_transient(exc: BaseException) -> bool:
-    """A database error that says nothing about the entries: connection lost, lock conflict."""
-    if isinstance(exc, OperationalError | InterfaceError | DisconnectionError | PoolTimeout):
+    """Retry the batch as it is (True), or blame its entries (False)?
+
+    A constraint failure is never transient, even where a driver files it under
+    OperationalError (MariaDB's CHECK failure, 4025): that is what entries are split for.
+    """
+    if isinstance(exc, DisconnectionError | PoolTimeout | OSError | asyncio.TimeoutError):
         return True
-    if isinstance(exc, DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        # PostgreSQL serialization failure and deadlock
-        return getattr(exc.orig, "sqlstate", None) in {"40001", "40P01"}
-    return isinstance(exc, OSError | ConnectionError | asyncio.TimeoutError)
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_PG_TRANSIENT)
+    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+    if isinstance(code, int):
+        return code in _MYSQL_TRANSIENT
+    # SQLite: "database is locked" and I/O trouble are OperationalErrors; constraints are not.
+    return isinstance(exc, OperationalError | InterfaceError)
 
 
 class Persister:

@@ -1,0 +1,149 @@
+"""The ledger on every SQL backend: idempotent, order-independent, forward-only, all or nothing."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
+
+from seckill.domain.events import BadEvent, EventKind, StockEvent
+from seckill.domain.holds import ReleaseReason
+from seckill.domain.items import Stock
+from seckill.store.database import open_database
+from seckill.store.ledger import Ledger
+from seckill.store.tables import Base, Inventory
+from seckill.workers.persister import is_transient
+from tests.conftest import new_item
+
+_positions = itertools.count(1)
+
+
+def event(kind: EventKind, item_id: int, order_id: int | None = None, **fields: Any) -> StockEvent:
+    base: dict[str, Any] = {"buyer": "alice", "quantity": 2} if order_id else {}
+    if kind is EventKind.RESERVED:
+        base["deadline_ms"] = 1_800_000_000_000
+    return StockEvent(
+        event_id=f"1700000000000-{next(_positions)}",
+        kind=kind,
+        item_id=item_id,
+        at_ms=1_700_000_000_000,
+        order_id=order_id,
+        **{**base, **fields},
+    )
+
+
+async def test_the_migrations_build_exactly_the_models(ledger: Ledger) -> None:
+    def differences(connection: Connection) -> list[Any]:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return list(compare_metadata(context, Base.metadata))
+
+    async with ledger.engine.connect() as conn:
+        assert await conn.run_sync(differences) == []
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        [EventKind.RESERVED, EventKind.PAID],
+        [EventKind.PAID, EventKind.RESERVED],  # two persisters: the later event lands first
+    ],
+)
+async def test_events_of_one_order_land_in_any_order(
+    ledger: Ledger, order: list[EventKind]
+) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=2))
+    for kind in order:
+        assert await ledger.apply([event(kind, item_id, 1)]) == 1
+    assert await ledger.stock(item_id) == Stock(total=10, available=8, held=0, sold=2)
+    assert (await ledger.orders(item_id))[1].status == "paid"
+
+
+async def test_released_before_reserved_moves_nothing_twice(ledger: Ledger) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=2))
+    released = event(EventKind.RELEASED, item_id, 1, reason=ReleaseReason.EXPIRED)
+    reserved = event(EventKind.RESERVED, item_id, 1)
+    await ledger.apply([released])
+    await ledger.apply([reserved, released])  # a redelivery of the release, too
+    assert await ledger.stock(item_id) == Stock(total=10, available=10, held=0, sold=0)
+    order = (await ledger.orders(item_id))[1]
+    assert (order.status, order.release_reason) == ("released", "expired")
+
+
+async def test_a_repeated_event_is_applied_once(ledger: Ledger) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=2))
+    reserved = event(EventKind.RESERVED, item_id, 1)
+    assert await ledger.apply([reserved, reserved]) == 1
+    assert await ledger.apply([reserved]) == 0
+    assert await ledger.stock(item_id) == Stock(total=10, available=8, held=2, sold=0)
+    assert await ledger.journal_size(item_id) == 1
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "says"),
+    [
+        (EventKind.PAID, {"kind": EventKind.RELEASED, "reason": ReleaseReason.CANCELLED}, "paid"),
+        (EventKind.RESERVED, {"kind": EventKind.PAID, "quantity": 3}, "says 3"),
+        (EventKind.RESERVED, {"kind": EventKind.PAID, "buyer": "mallory"}, "mallory"),
+    ],
+)
+async def test_a_contradicting_event_is_refused_and_writes_nothing(
+    ledger: Ledger, first: EventKind, then: dict[str, Any], says: str
+) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=3))
+    await ledger.apply([event(first, item_id, 1)])
+    before = (await ledger.stock(item_id), await ledger.journal_size(item_id))
+    neighbour = event(EventKind.RESERVED, item_id, 2)
+    fields = dict(then)  # the parameters are shared between backends: do not mutate them
+    kind = fields.pop("kind")
+    with pytest.raises(BadEvent, match=says):
+        await ledger.apply([neighbour, event(kind, item_id, 1, **fields)])
+    assert (await ledger.stock(item_id), await ledger.journal_size(item_id)) == before
+    assert 2 not in await ledger.orders(item_id)  # the whole batch rolled back
+
+
+async def test_an_event_for_an_item_sql_does_not_know_is_refused(ledger: Ledger) -> None:
+    with pytest.raises(BadEvent, match="items SQL does not know"):
+        await ledger.apply([event(EventKind.RESERVED, 424242, 1)])
+
+
+async def test_loaded_events_move_the_total_once_and_newest_wins(ledger: Ledger) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=2))
+    await ledger.apply([event(EventKind.RESERVED, item_id, 1)])
+    older = event(EventKind.LOADED, item_id, total=15)
+    newer = event(EventKind.LOADED, item_id, total=20)
+    await ledger.apply([newer])
+    await ledger.apply([older, newer])  # older arrives late; newer again
+    assert await ledger.stock(item_id) == Stock(total=20, available=18, held=2, sold=0)
+
+
+async def test_constraint_failures_blame_the_entries_and_lost_connections_do_not(
+    ledger: Ledger, sql_url: str
+) -> None:
+    """The persister retries a batch only for errors that say nothing about its entries."""
+    item_id = await ledger.create_item(new_item(total=10))
+    with pytest.raises(DBAPIError) as broken_check:
+        async with ledger.engine.begin() as conn:
+            await conn.execute(
+                update(Inventory).where(Inventory.item_id == item_id).values(total=11)
+            )
+    assert not is_transient(broken_check.value)
+    if make_url(sql_url).get_backend_name() == "sqlite":
+        return  # a file: no server to be away
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    away = open_database(make_url(sql_url).set(port=port).render_as_string(hide_password=False))
+    try:
+        with pytest.raises((DBAPIError, OSError)) as refused:  # asyncpg raises the OSError as is
+            async with away.connect():
+                pass
+        assert is_transient(refused.value)
+    finally:
+        await away.dispose()
