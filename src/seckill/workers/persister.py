@@ -40,6 +40,7 @@ from seckill.store.ledger import Ledger
 log = logging.getLogger(__name__)
 
 GROUP = "persister"
+DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +111,7 @@ class Persister:
         self.config = config or PersisterConfig()
         self._stop = stop or asyncio.Event()
         self._streams: dict[str, ItemKeys] = {}
+        self._next_discover = 0.0
         self._next_claim = 0.0
         self._next_trim = 0.0
         self.landed = 0
@@ -117,12 +119,15 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
-        await self._discover()
+        now = time.monotonic()
+        if now >= self._next_discover:
+            self._next_discover = now + DISCOVER_EVERY_S
+            await self._discover()
         if not self._streams:
+            self._next_discover = 0.0  # look again on the next pass
             await asyncio.sleep(self.config.block_ms / 1000)
             return 0
         done = 0
-        now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + max(self.config.claim_idle_ms / 2000, 0.05)
             done += await self._land(await self._claim_idle())
