@@ -122,7 +122,10 @@ class RedisServer:
         else:
             args += ["--port", str(self.port), "--bind", "127.0.0.1"]
         self.process = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # it writes to its log file; _log_tail reads that
+            preexec_fn=_die_with_parent,
         )
         self._wait_ready()
         return self

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -48,10 +47,10 @@ class Sale:
 
 
 @pytest.fixture
-async def sale(engine: RedisEngine, ledger: Ledger, redis: Redis) -> AsyncIterator[Sale]:
+async def sale(engine: RedisEngine, ledger: Ledger, redis: Redis) -> Sale:
     item_id = await ledger.create_item(new_item(total=1_000, limit=2))
     await warm_item(engine, ledger, item_id)
-    yield Sale(engine, ledger, redis, item_id, OrderIds(5))
+    return Sale(engine, ledger, redis, item_id, OrderIds(5))
 
 
 async def stream_drained(redis: Redis, stream: str) -> bool:

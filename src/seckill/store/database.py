@@ -30,9 +30,13 @@ def open_database(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
         return engine
     options: dict[str, Any] = {}
+    # Bounded waits: a server that vanishes without a reset must not hang a worker for minutes.
     if parsed.get_backend_name() in {"mysql", "mariadb"}:
         # READ COMMITTED: no gap locks, so persisters inserting new orders do not block each other.
         options["isolation_level"] = "READ COMMITTED"
+        options["connect_args"] = {"connect_timeout": 10}
+    elif parsed.get_backend_name() == "postgresql":
+        options["connect_args"] = {"timeout": 10, "command_timeout": 60}
     return create_async_engine(
         url, pool_size=pool_size, pool_pre_ping=True, pool_recycle=3600, **options
     )

@@ -51,6 +51,9 @@ class PersisterConfig:
     max_deliveries: int = 5
     trim_every_s: float = 5.0
     retry_pause_s: float = 0.5  # first pause while the database is down (doubles, capped)
+    # A batch that takes longer is treated as an outage (a silent network drop would otherwise
+    # hang the persister until TCP gives up, minutes later).
+    apply_timeout_s: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +61,6 @@ class Entry:
     keys: ItemKeys
     entry_id: str
     fields: dict[str, str]
-
-
-class DatabaseDown(Exception):
-    """The database could not be reached; the batch in hand is kept and retried."""
 
 
 # Errors that say nothing about the entries: the server is away, busy, or chose a victim.
@@ -211,12 +210,15 @@ class Persister:
         pause = self.config.retry_pause_s
         while True:
             try:
-                await self._ledger.apply([event for _, event in batch])
+                async with asyncio.timeout(self.config.apply_timeout_s):
+                    await self._ledger.apply([event for _, event in batch])
                 return [entry for entry, _ in batch]
             except Exception as exc:
                 if is_transient(exc):
                     if self._stop.is_set():
-                        raise DatabaseDown(str(exc)) from exc  # leave it pending for later
+                        log.warning("stopping with the database unavailable; %d entries stay "
+                                    "pending for another persister", len(batch))  # fmt: skip
+                        return []
                     log.warning("database unavailable (%s); retrying in %.1f s", exc, pause)
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, 5.0)
