@@ -50,7 +50,7 @@ SERVER_BACKENDS = [name for name, url in SERVER_URLS.items() if url] or [
 CONFIG = PersisterConfig(
     batch_size=100, block_ms=50, claim_idle_ms=500, trim_every_s=0.2, retry_pause_s=0.05
 )
-ANSWER_S = 2.0  # every Redis answer comes within this, database or not
+ANSWER_S = 10.0  # a bound, not a speed target: an answer waiting on SQL would hang
 OUTAGE_S = 1.5  # > claim_idle_ms, and several retry pauses (0.05, 0.1, 0.2, 0.4, 0.8)
 DRAIN_S = 60.0
 

@@ -17,7 +17,9 @@ def test_settings_read_the_seckill_prefix(monkeypatch: pytest.MonkeyPatch) -> No
     settings = Settings()
     assert settings.redis_url == "redis://127.0.0.1:6390/0"
     assert settings.hold_seconds == 90
-    assert settings.effective_database_url == f"sqlite+aiosqlite:///{Path('/tmp/sk') / 'seckill.db'}"
+    assert (
+        settings.effective_database_url == f"sqlite+aiosqlite:///{Path('/tmp/sk') / 'seckill.db'}"
+    )
     assert settings.database_url_is_default
 
 
