@@ -17,15 +17,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from seckill.domain.items import SaleItem
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer, bundled_redis_server, server_version
-from seckill.store.database import open_database
+from seckill.store.database import create_database, drop_database, open_database
 from seckill.store.ledger import Ledger, NewItem
 from seckill.store.migrate import upgrade
 from seckill.store.tables import Base
@@ -121,26 +118,6 @@ SERVER_URLS = {
 SQL_BACKENDS = ["sqlite", *(name for name, url in SERVER_URLS.items() if url)]
 
 
-async def _create_database(server_url: str, name: str) -> str:
-    url = make_url(server_url)
-    admin = create_async_engine(url, isolation_level="AUTOCOMMIT")
-    try:
-        async with admin.connect() as conn:
-            await conn.execute(text(f"CREATE DATABASE {name}"))
-    finally:
-        await admin.dispose()
-    return url.set(database=name).render_as_string(hide_password=False)
-
-
-async def _drop_database(server_url: str, name: str) -> None:
-    admin = create_async_engine(make_url(server_url), isolation_level="AUTOCOMMIT")
-    try:
-        async with admin.connect() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
-    finally:
-        await admin.dispose()
-
-
 @pytest.fixture(scope="session", params=SQL_BACKENDS)
 async def sql_url(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
@@ -151,7 +128,7 @@ async def sql_url(
     if backend == "sqlite":
         url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('sql') / 'seckill.db'}"
     else:
-        url = await _create_database(SERVER_URLS[backend], name)
+        url = await create_database(SERVER_URLS[backend], name)
     engine = open_database(url)
     try:
         await upgrade(engine)
@@ -159,7 +136,7 @@ async def sql_url(
         await engine.dispose()
     yield url
     if backend != "sqlite":
-        await _drop_database(SERVER_URLS[backend], name)
+        await drop_database(SERVER_URLS[backend], name)
 
 
 @pytest.fixture

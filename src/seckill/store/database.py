@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -40,3 +40,30 @@ def open_database(url: str, *, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(
         url, pool_size=pool_size, pool_pre_ping=True, pool_recycle=3600, **options
     )
+
+
+async def create_database(server_url: str, name: str) -> str:
+    """Create database ``name`` on the server ``server_url`` points at; returns its URL.
+
+    For test sessions and benchmarks that want a database of their own.
+    """
+    if not name.isidentifier():
+        raise ValueError(f"not a plain database name: {name!r}")
+    url = make_url(server_url)
+    await _admin(server_url, f"CREATE DATABASE {name}")
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+async def drop_database(server_url: str, name: str) -> None:
+    if not name.isidentifier():
+        raise ValueError(f"not a plain database name: {name!r}")
+    await _admin(server_url, f"DROP DATABASE IF EXISTS {name}")
+
+
+async def _admin(server_url: str, statement: str) -> None:
+    admin = create_async_engine(make_url(server_url), isolation_level="AUTOCOMMIT")
+    try:
+        async with admin.connect() as conn:
+            await conn.execute(text(statement))
+    finally:
+        await admin.dispose()
