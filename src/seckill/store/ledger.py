@@ -126,11 +126,17 @@ class Ledger:
         quantity that changed, an item SQL does not know), and lets database errors through:
         nothing is written unless everything is.
         """
+        unique = list({(e.item_id, e.event_id): e for e in events}.values())
         async with self.engine.begin() as conn:
-            fresh = await self._unseen(conn, events)
+            orders = await self._lock_orders(conn, {e.order_id for e in unique if e.order_id})
+            # An event commits with its order's row, so only events of orders already on record
+            # (and `loaded` events, which have none) can have landed before: a fresh backlog
+            # skips the journal look-up.
+            maybe_seen = [e for e in unique if e.order_id is None or e.order_id in orders]
+            seen = await self._seen(conn, maybe_seen)
+            fresh = [e for e in unique if (e.item_id, e.event_id) not in seen]
             if not fresh:
                 return 0
-            orders = await self._lock_orders(conn, {e.order_id for e in fresh if e.order_id})
             prices = await self._prices(conn, {e.item_id for e in fresh})
             plan = _Plan(orders, prices)
             for event in sorted(fresh, key=lambda e: (e.item_id, e.position)):
@@ -262,18 +268,19 @@ class Ledger:
 
     # -- landing ---------------------------------------------------------------------------------
 
-    async def _unseen(
+    async def _seen(
         self, conn: AsyncConnection, events: Sequence[StockEvent]
-    ) -> list[StockEvent]:
-        unique = {(e.item_id, e.event_id): e for e in events}
-        seen = await conn.execute(
+    ) -> set[tuple[int, str]]:
+        if not events:
+            return set()
+        rows = await conn.execute(
             select(StockFlow.item_id, StockFlow.event_id).where(
-                tuple_(StockFlow.item_id, StockFlow.event_id).in_(list(unique))
+                tuple_(StockFlow.item_id, StockFlow.event_id).in_(
+                    [(e.item_id, e.event_id) for e in events]
+                )
             )
         )
-        for row in seen:
-            unique.pop((row.item_id, row.event_id), None)
-        return list(unique.values())
+        return {(r.item_id, r.event_id) for r in rows}
 
     async def _lock_orders(self, conn: AsyncConnection, ids: set[int]) -> dict[int, _OrderState]:
         if not ids:

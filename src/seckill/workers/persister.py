@@ -284,8 +284,9 @@ class Persister:
             return None
         needed: list[str] = []
         for group in groups:
-            if group["pending"]:
-                summary = await self._redis.xpending(stream, group["name"])
+            # Another persister may acknowledge in between: no pending entry left is fine.
+            summary = await self._redis.xpending(stream, group["name"]) if group["pending"] else {}
+            if summary.get("min"):
                 needed.append(summary["min"])
             else:
                 ms, seq = stream_position(group["last-delivered-id"])
