@@ -166,6 +166,9 @@ async def test_loading_an_active_item_never_resets_its_stock(engine: RedisEngine
     with pytest.raises(InvalidRequest) as too_small:
         await engine.load_item(dataclasses.replace(item, total=4), force=True)
     assert too_small.value.code is ErrorCode.TOTAL_BELOW_COMMITTED
+    with pytest.raises(InvalidRequest) as limit_too_low:  # "a" has 3 units
+        await engine.load_item(dataclasses.replace(item, per_buyer_limit=2), force=True)
+    assert limit_too_low.value.code is ErrorCode.LIMIT_BELOW_COMMITTED
     assert (
         await engine.load_item(dataclasses.replace(item, total=20), force=True) is Outcome.RELOADED
     )

@@ -51,6 +51,7 @@ class ErrorCode(StrEnum):
     INVALID_TTL = "invalid_ttl"
     ITEM_ACTIVE = "item_active"
     TOTAL_BELOW_COMMITTED = "total_below_committed"
+    LIMIT_BELOW_COMMITTED = "limit_below_committed"
 
 
 class InvalidRequest(ValueError):

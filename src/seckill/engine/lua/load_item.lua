@@ -12,6 +12,7 @@
 --   invalid_item_id, invalid_item, invalid_time
 --   item_active            holds or sales exist and force is not set: stock is never reset
 --   total_below_committed  forced, but the new total is below held + sold
+--   limit_below_committed  forced, but a buyer already holds or bought more than the new limit
 
 local item_id = ARGV[1]
 local refused = bad_item_id(item_id)
@@ -37,6 +38,13 @@ if held > 0 or sold > 0 then
   end
   if total < held + sold then
     return invalid("total_below_committed", "total " .. total .. " is below held + sold = " .. (held + sold))
+  end
+  local buyers = redis.call("HGETALL", K.buyers) -- O(buyers), on a rare operator action
+  for i = 1, #buyers, 2 do
+    if tonumber(buyers[i + 1]) > limit then
+      return invalid("limit_below_committed", "buyer " .. buyers[i] .. " already has " .. buyers[i + 1]
+        .. " units, above the new per-buyer limit of " .. limit)
+    end
   end
   code = "reloaded"
 end
