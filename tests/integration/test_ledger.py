@@ -13,7 +13,7 @@ from sqlalchemy import Connection, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from seckill.domain.events import BadEvent, EventKind, StockEvent
+from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.domain.holds import ReleaseReason
 from seckill.domain.items import Stock
 from seckill.store.database import open_database
@@ -147,3 +147,16 @@ async def test_constraint_failures_blame_the_entries_and_lost_connections_do_not
         assert is_transient(refused.value)
     finally:
         await away.dispose()
+
+
+async def test_a_resale_ahead_of_its_release_is_refused_as_ahead_of_the_stream(
+    ledger: Ledger,
+) -> None:
+    item_id = await ledger.create_item(new_item(total=2, limit=2))
+    await ledger.apply([event(EventKind.RESERVED, item_id, 1)])  # alice holds both units
+    release = event(EventKind.RELEASED, item_id, 1, reason=ReleaseReason.CANCELLED)
+    resale = event(EventKind.RESERVED, item_id, 2, buyer="bob")
+    with pytest.raises(AheadOfStream):
+        await ledger.apply([resale])
+    await ledger.apply([resale, release])  # together, in stream order: fine
+    assert await ledger.stock(item_id) == Stock(total=2, available=0, held=2, sold=0)

@@ -151,3 +151,30 @@ async def test_acknowledged_entries_are_trimmed(sale: Sale) -> None:
     await assert_sql_matches_redis(sale)
     group = (await sale.redis.xinfo_groups(stream))[0]
     assert group["name"] == GROUP and group["pending"] == 0
+
+
+async def test_a_resale_landing_before_its_release_waits_instead_of_dying(
+    engine: RedisEngine, ledger: Ledger, redis: Redis
+) -> None:
+    """alice releases 2 units, bob buys them; bob's event must not die while alice's is away."""
+    item_id = await ledger.create_item(new_item(total=2, limit=2))
+    await warm_item(engine, ledger, item_id)
+    sale = Sale(engine, ledger, redis, item_id, OrderIds(6))
+    alice = await sale.buy("alice", 2)
+    assert alice
+    await drain(sale)
+    await engine.release(item_id, alice, ReleaseReason.CANCELLED)
+    assert await sale.buy("bob", 2)
+    stream = engine.keys(item_id).events
+    # A peer takes alice's release and stalls (it keeps touching the entry, so it never idles).
+    [(_, [(release_id, _)])] = await redis.xreadgroup(GROUP, "peer", {stream: ">"}, count=1)
+    persister = sale.persister(max_deliveries=2, claim_idle_ms=100)
+    for _ in range(6):  # bob's entry is delivered well past max_deliveries meanwhile
+        await redis.xclaim(stream, GROUP, "peer", min_idle_time=0, message_ids=[release_id])
+        await persister.run_once()
+        await asyncio.sleep(0.15)
+    assert await ledger.dead_letters() == []
+    assert set(await ledger.orders(item_id)) == {alice}
+    await drain(sale, persister)  # the peer is gone: its entry is claimed, and lands first
+    await assert_sql_matches_redis(sale)
+    assert await ledger.dead_letters() == []

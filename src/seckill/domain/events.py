@@ -23,6 +23,11 @@ class BadEvent(ValueError):
     """An entry that cannot be applied as it is: it goes to dead letters, never silently away."""
 
 
+class AheadOfStream(BadEvent):
+    """Landing this event now would take a counter below zero: legitimate only while an earlier
+    event of the same stream (the release that freed the stock) is still on its way."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StockEvent:
     event_id: str  # the stream entry id: unique within the item's stream

@@ -4,7 +4,10 @@ Counters move only through order transitions, never straight from events: an eve
 order forward (absent -> held -> paid | released), and the transition says how stock moves.
 Events of one order may land in any order (several persisters share a stream) and any number of
 times (redelivery): a transition happens at most once, so the inventory always equals the sum
-over orders, and states never move backwards.
+over orders, and states never move backwards. Across orders, one ordering matters: a unit
+released and sold again must land the release first, or `available` would dip below zero
+(which its CHECK forbids); the ledger then raises AheadOfStream and the persister waits for the
+release to land.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from sqlalchemy import and_, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from seckill.domain import rules
-from seckill.domain.events import BadEvent, EventKind, StockEvent
+from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.store.tables import (
@@ -405,7 +408,8 @@ class _Plan:
     async def write(self, conn: AsyncConnection) -> None:
         await conn.execute(insert(StockFlow), self.journal)
         if self.inserts:
-            await conn.execute(insert(Order), list(self.inserts.values()))
+            # In id order, like the locks: persisters never wait on each other in a cycle.
+            await conn.execute(insert(Order), [self.inserts[i] for i in sorted(self.inserts)])
         for row in self.updates:
             # One row at a time: each is guarded by the status it moves from.
             result = await conn.execute(_ADVANCE_ORDER, row)
@@ -464,7 +468,7 @@ async def _move_stock(
         )
     )
     if result.rowcount != 1:
-        raise BadEvent(
+        raise AheadOfStream(
             f"inventory of item {item_id} cannot move by available {available:+}, held "
-            f"{held:+}, sold {sold:+} (missing, or a counter would go below zero)"
+            f"{held:+}, sold {sold:+}: a counter would go below zero"
         )

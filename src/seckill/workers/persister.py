@@ -8,6 +8,8 @@ ledger makes every event idempotent and order-independent.
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
   lands or the worker is stopped; nothing is read meanwhile, so the backlog waits in Redis;
+- an entry lands ahead of an earlier one still pending (a unit resold before its release
+  landed): it waits, pending, and is claimed again with the earlier one, which lands first;
 - an entry cannot land (undecodable, contradicting the record): the batch is split in halves
   until the bad entry stands alone, its neighbours land, and it stays pending; it comes back
   through XAUTOCLAIM once idle, and after ``max_deliveries`` it becomes a dead letter (a table
@@ -33,7 +35,13 @@ from redis.exceptions import ResponseError
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from seckill.domain.events import BadEvent, StockEvent, decode_event, stream_position
+from seckill.domain.events import (
+    AheadOfStream,
+    BadEvent,
+    StockEvent,
+    decode_event,
+    stream_position,
+)
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
 from seckill.store.ledger import Ledger
 
@@ -224,7 +232,13 @@ class Persister:
                     pause = min(pause * 2, 5.0)
                     continue
                 if len(batch) == 1:
-                    await self._failed(batch[0][0], f"{type(exc).__name__}: {exc}")
+                    entry = batch[0][0]
+                    if isinstance(exc, AheadOfStream) and await self._older_pending(entry):
+                        # The release that freed this stock is pending elsewhere: once claimed
+                        # it lands first, and this entry after it. Not the entry's fault.
+                        log.info("entry %s waits for earlier entries: %s", entry.entry_id, exc)
+                        return []
+                    await self._failed(entry, f"{type(exc).__name__}: {exc}")
                     return []
                 half = len(batch) // 2
                 return await self._apply(batch[:half]) + await self._apply(batch[half:])
@@ -254,6 +268,15 @@ class Persister:
         await self._redis.xack(entry.keys.events, GROUP, entry.entry_id)
         self.dead_lettered += 1
         log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
+
+    async def _older_pending(self, entry: Entry) -> bool:
+        """Is an earlier entry of the stream delivered but not yet landed (any consumer)?"""
+        ms, seq = stream_position(entry.entry_id)
+        before = f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
+        older = await self._redis.xpending_range(
+            entry.keys.events, GROUP, min="-", max=before, count=1
+        )
+        return bool(older)
 
     async def _deliveries(self, entry: Entry) -> int:
         pending = await self._redis.xpending_range(
