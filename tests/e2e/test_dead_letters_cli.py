@@ -1,0 +1,105 @@
+"""An operator lists dead letters and replays them once the cause is fixed."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy import insert
+
+from seckill.domain.ids import OrderIds
+from seckill.engine.engine import RedisEngine
+from seckill.redis_server import RedisServer
+from seckill.store.ledger import Ledger, NewItem
+from seckill.store.tables import Inventory, Item
+from seckill.workers.persister import Persister, PersisterConfig
+from tests.conftest import new_item, open_item
+from tests.integration.test_pipeline import stream_drained
+
+
+def seckill(
+    *args: str, redis_url: str, sql_url: str, data_dir: Path
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
+    env |= {
+        "SECKILL_REDIS_URL": redis_url,
+        "SECKILL_DATABASE_URL": sql_url,
+        "SECKILL_DATA_DIR": str(data_dir),
+        "COLUMNS": "200",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "seckill.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+async def restore_item(ledger: Ledger, item_id: int, item: NewItem) -> None:
+    """Put back an item row under its old id, as an operator restoring a lost row would."""
+    async with ledger.engine.begin() as conn:
+        await conn.execute(
+            insert(Item).values(
+                id=item_id, name=item.name, price_cents=item.price_cents, total=item.total,
+                starts_at=item.starts_at, ends_at=item.ends_at,
+                per_buyer_limit=item.per_buyer_limit, hold_seconds=item.hold_seconds,
+                created_at=item.starts_at,
+            )
+        )  # fmt: skip
+        await conn.execute(
+            insert(Inventory).values(
+                item_id=item_id, total=item.total, available=item.total, held=0, sold=0,
+                version=0, loaded_position="",
+            )
+        )  # fmt: skip
+
+
+@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+async def test_replay_lands_a_dead_letter_once_its_cause_is_fixed(
+    redis_server: RedisServer,
+    redis: Redis,
+    engine: RedisEngine,
+    ledger: Ledger,
+    sql_url: str,
+    tmp_path: Path,
+) -> None:
+    # An item put on sale in Redis that SQL does not know: its events cannot land.
+    item_id = 900_000 + secrets.randbelow(99_999)
+    await engine.load_item(open_item(item_id=item_id, total=5))
+    reservation = await engine.reserve(
+        item_id, buyer="alice", quantity=1, idempotency_key="k", order_id=OrderIds(8).next()
+    )
+    assert reservation.order_id
+    persister = Persister(
+        redis=redis, ledger=ledger, config=PersisterConfig(max_deliveries=1, block_ms=50)
+    )
+    stream = engine.keys(item_id).events
+    while not await stream_drained(redis, stream):
+        await persister.run_once()
+    assert len(await ledger.dead_letters()) == 2  # `loaded` and `reserved`
+    run = dict(redis_url=redis_server.url, sql_url=sql_url, data_dir=tmp_path)
+
+    listed = seckill("dead-letters", "list", **run)
+    assert listed.returncode == 0, listed.stderr
+    assert "items SQL does not know" in listed.stdout
+
+    refused = seckill("dead-letters", "replay", **run)
+    assert refused.returncode == 1
+    assert "still cannot land" in refused.stdout
+    assert await ledger.orders(item_id) == {}
+
+    await restore_item(ledger, item_id, new_item(total=5))  # the operator's fix
+    replayed = seckill("dead-letters", "replay", **run)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    assert list(await ledger.orders(item_id)) == [reservation.order_id]
+    assert await ledger.dead_letters() == []
+    assert len(await ledger.dead_letters(include_replayed=True)) == 2
+    again = seckill("dead-letters", "replay", "1", **run)  # replayed already: not pending
+    assert again.returncode == 1
+    assert "no pending dead letter" in again.stdout
