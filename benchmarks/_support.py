@@ -1,12 +1,26 @@
-"""What every benchmark shares: which redis-server to run and a free port to run it on."""
+"""What every benchmark shares: a private redis-server on a free port, and the JSON last line."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import json
 import shutil
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from seckill.redis_server import bundled_redis_server
+from seckill.redis_server import RedisServer, bundled_redis_server
+
+Measure = Callable[[RedisServer, argparse.Namespace], Awaitable[dict[str, Any]]]
+
+
+def run_on_private_redis(measure: Measure, args: argparse.Namespace) -> None:
+    """Start a throwaway redis-server, measure, and print the figures as the last line."""
+    with RedisServer(binary=redis_binary(args.redis_server), port=free_port()) as server:
+        result = asyncio.run(measure(server, args))
+    print(json.dumps(result))
 
 
 def redis_binary(given: str | None) -> Path:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import secrets
@@ -37,7 +36,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from _support import free_port, redis_binary
+from _support import run_on_private_redis
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import Column, Index, MetaData, Table, insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -344,10 +343,7 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    with RedisServer(binary=redis_binary(args.redis_server), port=free_port()) as server:
-        result = asyncio.run(measure(server, args))
-    print(json.dumps(result))
+    run_on_private_redis(measure, parse_args(argv))
 
 
 if __name__ == "__main__":

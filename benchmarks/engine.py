@@ -23,14 +23,13 @@ import argparse
 import asyncio
 import csv
 import io
-import json
 import shutil
 import sys
 import time
 from collections import Counter
 from typing import Any
 
-from _support import free_port, redis_binary
+from _support import run_on_private_redis
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from seckill.domain.holds import Reservation
@@ -235,10 +234,7 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> dict[str, An
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    with RedisServer(binary=redis_binary(args.redis_server), port=free_port()) as server:
-        result = asyncio.run(measure(server, args))
-    print(json.dumps(result))
+    run_on_private_redis(measure, parse_args(argv))
 
 
 if __name__ == "__main__":
