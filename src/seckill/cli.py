@@ -218,14 +218,14 @@ def demo(
     buyers: int = typer.Option(2_000, min=1, help="Buyers in the first crowd."),
     units: int = typer.Option(100, min=1, help="Units on sale."),
     limit: int = typer.Option(2, min=1, help="Units one buyer may hold or buy."),
-    hold_ms: int = typer.Option(1_500, min=100, help="How long a buyer has to pay, in ms."),
+    hold_seconds: int = typer.Option(2, min=1, help="How long a buyer has to pay."),
 ) -> None:
-    """Run a scripted flash sale on the engine and print its verdict table."""
+    """Run a scripted flash sale (Redis, then SQL) and print its verdict table."""
     from seckill.config import Settings
     from seckill.demo import DemoPlan
 
     settings = Settings()
-    plan = DemoPlan(buyers=buyers, units=units, per_buyer_limit=limit, hold_ms=hold_ms)
+    plan = DemoPlan(buyers=buyers, units=units, per_buyer_limit=limit, hold_seconds=hold_seconds)
     if settings.redis_url:
         passed = asyncio.run(_demo(settings, plan))
     else:
@@ -246,7 +246,7 @@ async def _demo(settings: Settings, plan: DemoPlan) -> bool:
         where = "embedded, bundled" if runtime.embedded_redis else settings.redis_url
         console.print(
             f"[bold]Flash sale[/]: {plan.buyers:,} buyers for {plan.units:,} units, "
-            f"limit {plan.per_buyer_limit} each, holds of {plan.hold_ms} ms "
+            f"limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s "
             f"(Redis {info['redis_version']}, {where})"
         )
         with console.status("buyers are rushing in..."):

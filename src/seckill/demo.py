@@ -1,8 +1,9 @@
 """A scripted flash sale on the engine, ending in a verdict table.
 
-A crowd rushes one item; some buyers pay, some cancel, some let the hold run out, some retry with
-the same idempotency key; then a second crowd buys what came back. The verdicts are the
-invariants of DESIGN.md, checked on what Redis holds at the end.
+The item is created in SQL and warmed into Redis. A crowd rushes it; some buyers pay, some
+cancel, some let the hold run out, some retry with the same idempotency key; then a second crowd
+buys what came back. The verdicts are the invariants of DESIGN.md, checked on what Redis holds,
+and then on SQL once the persister has landed the item's stream.
 """
 
 from __future__ import annotations
@@ -13,12 +14,18 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from seckill.bootstrap import Runtime
+from seckill.catalog import warm_item
 from seckill.domain.holds import ReleaseReason, Reservation
-from seckill.domain.items import SaleItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.audit import Check, audit_item
+from seckill.reconcile import compare_records
+from seckill.store.ledger import NewItem
+from seckill.workers.persister import Persister, PersisterConfig, stream_drained
+
+DRAIN_LIMIT_S = 120
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -26,7 +33,7 @@ class DemoPlan:
     buyers: int = 2_000
     units: int = 100
     per_buyer_limit: int = 2
-    hold_ms: int = 1_500
+    hold_seconds: int = 2
     pay_share: float = 0.5
     cancel_share: float = 0.25  # the rest let their hold expire
     replay_share: float = 0.1
@@ -99,18 +106,19 @@ class _Crowd:
 async def run_demo(runtime: Runtime, plan: DemoPlan) -> DemoReport:
     engine = runtime.engine
     rng = random.Random(plan.seed)
-    now = int(time.time() * 1000)
-    item_id = now  # a fresh item per run, so a shared Redis never sees a rerun collide
-    await engine.load_item(
-        SaleItem(
-            item_id=item_id,
+    opens = datetime.now(UTC) - timedelta(seconds=1)
+    item_id = await runtime.ledger.create_item(
+        NewItem(
+            name="Demo item",
+            price_cents=9_900,
             total=plan.units,
-            starts_at_ms=now - 1_000,
-            ends_at_ms=now + 3_600_000,
+            starts_at=opens,
+            ends_at=opens + timedelta(hours=1),
             per_buyer_limit=plan.per_buyer_limit,
-            hold_ms=plan.hold_ms,
+            hold_seconds=plan.hold_seconds,
         )
     )
+    await warm_item(engine, runtime.ledger, item_id)
     report = DemoReport(item_id)
     crowd = _Crowd(runtime, item_id, report)
 
@@ -125,7 +133,7 @@ async def run_demo(runtime: Runtime, plan: DemoPlan) -> DemoReport:
             await engine.release(item_id, reservation.order_id, ReleaseReason.CANCELLED)
 
     # Let the unpaid holds run out and reap them, as the reaper worker will.
-    await asyncio.sleep(plan.hold_ms / 1000 + 0.05)
+    await asyncio.sleep(plan.hold_seconds + 0.05)
     while await engine.expire_due(item_id):
         pass
     back_on_sale = await engine.stock(item_id)
@@ -174,4 +182,24 @@ async def run_demo(runtime: Runtime, plan: DemoPlan) -> DemoReport:
             f"sold {back_on_sale.sold} + paid later {paid_late} = {final.sold}",
         ),
     ]
+    report.checks += await _land_in_sql(runtime, item_id)
     return report
+
+
+async def _land_in_sql(runtime: Runtime, item_id: int) -> list[Check]:
+    """Run the persister until the item's stream has landed, then compare SQL with Redis."""
+    persister = Persister(
+        redis=runtime.redis,
+        ledger=runtime.ledger,
+        prefix=runtime.settings.key_prefix,
+        config=PersisterConfig(block_ms=20),
+    )
+    stream = runtime.engine.keys(item_id).events
+    try:
+        async with asyncio.timeout(DRAIN_LIMIT_S):
+            while not await stream_drained(runtime.redis, stream):
+                await persister.run_once()
+    except TimeoutError:
+        return [Check("landed in SQL", False, f"the stream did not drain in {DRAIN_LIMIT_S} s")]
+    landed = Check("landed in SQL", True, f"{persister.landed} events landed in SQL")
+    return [landed, *await compare_records(runtime.engine, runtime.ledger, item_id)]

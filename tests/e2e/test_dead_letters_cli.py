@@ -17,9 +17,8 @@ from seckill.engine.engine import RedisEngine
 from seckill.redis_server import RedisServer
 from seckill.store.ledger import Ledger, NewItem
 from seckill.store.tables import Inventory, Item
-from seckill.workers.persister import Persister, PersisterConfig
+from seckill.workers.persister import Persister, PersisterConfig, stream_drained
 from tests.conftest import new_item, open_item
-from tests.integration.test_pipeline import stream_drained
 
 
 def seckill(

@@ -18,6 +18,13 @@ def test_the_demo_passes_its_verdicts_on_embedded_defaults() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "All checks pass." in result.stdout
-    for verdict in ("not oversold", "buyers within limit", "journal complete", "replays identical"):
+    for verdict in (
+        "not oversold",
+        "buyers within limit",
+        "journal complete",
+        "replays identical",
+        "every order in SQL",
+        "SQL stock == Redis stock",
+    ):
         assert verdict in result.stdout
     assert "FAIL" not in result.stdout

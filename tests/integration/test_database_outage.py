@@ -28,9 +28,9 @@ from seckill.engine.engine import RedisEngine
 from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
-from seckill.workers.persister import GROUP, Persister, PersisterConfig
+from seckill.workers.persister import GROUP, Persister, PersisterConfig, stream_drained
 from tests.conftest import SERVER_URLS, new_item
-from tests.integration.test_pipeline import Sale, assert_sql_matches_redis, stream_drained
+from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
 from tests.tcp_proxy import TcpProxy
 
 T = TypeVar("T")

@@ -32,9 +32,9 @@ from seckill.engine.engine import RedisEngine
 from seckill.redis_server import RedisServer
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order, StockFlow
-from seckill.workers.persister import GROUP
+from seckill.workers.persister import GROUP, stream_drained
 from tests.conftest import new_item
-from tests.integration.test_pipeline import Sale, assert_sql_matches_redis, stream_drained
+from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
 
 PERSISTER = [
     sys.executable, "-m", "seckill.cli", "worker", "persister",

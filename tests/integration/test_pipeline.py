@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import random
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -16,8 +16,9 @@ from seckill.domain.events import decode_event
 from seckill.domain.holds import HoldState, ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
+from seckill.reconcile import compare_records
 from seckill.store.ledger import Ledger
-from seckill.workers.persister import GROUP, Persister, PersisterConfig
+from seckill.workers.persister import GROUP, Persister, PersisterConfig, stream_drained
 from tests.conftest import new_item
 
 FAST = PersisterConfig(batch_size=200, block_ms=50, claim_idle_ms=200, trim_every_s=0.2)
@@ -53,14 +54,6 @@ async def sale(engine: RedisEngine, ledger: Ledger, redis: Redis) -> Sale:
     return Sale(engine, ledger, redis, item_id, OrderIds(5))
 
 
-async def stream_drained(redis: Redis, stream: str) -> bool:
-    info = cast(dict[str, Any], await redis.xinfo_stream(stream))
-    groups = cast(list[dict[str, Any]], await redis.xinfo_groups(stream))
-    return bool(groups) and all(
-        g["pending"] == 0 and g["last-delivered-id"] == info["last-generated-id"] for g in groups
-    )
-
-
 async def drain(sale: Sale, *persisters: Persister, limit_s: float = 60) -> None:
     """Run the persisters until the item's stream is fully landed and acknowledged."""
     persisters = persisters or (sale.persister(),)
@@ -73,12 +66,8 @@ async def drain(sale: Sale, *persisters: Persister, limit_s: float = 60) -> None
 
 
 async def assert_sql_matches_redis(sale: Sale) -> None:
-    holds = await sale.engine.holds(sale.item_id)
-    orders = await sale.ledger.orders(sale.item_id)
-    assert {o: (h.buyer, h.quantity, h.state.value) for o, h in holds.items()} == {
-        o: (r.buyer, r.quantity, r.status) for o, r in orders.items()
-    }
-    assert await sale.ledger.stock(sale.item_id) == await sale.engine.stock(sale.item_id)
+    failed = [c for c in await compare_records(sale.engine, sale.ledger, sale.item_id) if not c.ok]
+    assert not failed, failed
 
 
 async def test_2000_reservations_paid_and_released_land_one_to_one(sale: Sale) -> None:

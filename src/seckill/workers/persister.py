@@ -98,6 +98,15 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
+async def stream_drained(redis: Redis, stream: str) -> bool:
+    """Has every consumer group of the stream received and acknowledged every entry?"""
+    info: dict[str, Any] = await redis.xinfo_stream(stream)
+    groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
+    return bool(groups) and all(
+        g["pending"] == 0 and g["last-delivered-id"] == info["last-generated-id"] for g in groups
+    )
+
+
 class Persister:
     name = "persister"
 
