@@ -129,6 +129,21 @@ async def test_a_poison_entry_becomes_a_dead_letter_and_its_neighbours_land(sale
     assert persister.dead_lettered == 1
 
 
+async def test_quiet_consumers_with_nothing_pending_are_forgotten(sale: Sale) -> None:
+    stream = sale.engine.keys(sale.item_id).events
+    for n in range(3):
+        await sale.buy(f"b{n}")
+    persister = sale.persister(forget_consumer_idle_ms=100)
+    await drain(sale, persister)
+    await sale.redis.xreadgroup(GROUP, "gone-quiet", {stream: ">"})  # nothing left to read
+    await sale.buy("late")
+    await sale.redis.xreadgroup(GROUP, "holds-one", {stream: ">"}, count=1)  # never acks
+    await asyncio.sleep(0.15)
+    await persister.trim()
+    names = {c["name"] for c in await sale.redis.xinfo_consumers(stream, GROUP)}
+    assert names == {persister.consumer, "holds-one"}
+
+
 async def test_acknowledged_entries_are_trimmed(sale: Sale) -> None:
     for n in range(50):
         await sale.buy(f"b{n}")

@@ -58,6 +58,9 @@ class PersisterConfig:
     claim_idle_ms: int = 30_000  # an entry pending this long belongs to a dead consumer
     max_deliveries: int = 5
     trim_every_s: float = 5.0
+    # A consumer with nothing pending and idle this long is forgotten (every process start adds
+    # one); it loses nothing, and a live one is recreated by its next read.
+    forget_consumer_idle_ms: int = 3_600_000
     retry_pause_s: float = 0.5  # first pause while the database is down (doubles, capped)
     # A batch that takes longer is treated as an outage (a silent network drop would otherwise
     # hang the persister until TCP gives up, minutes later).
@@ -303,11 +306,20 @@ class Persister:
     # -- bounded memory ------------------------------------------------------------------------
 
     async def trim(self) -> None:
-        """Drop stream entries that every consumer group has acknowledged."""
+        """Drop stream entries that every consumer group has acknowledged, and consumers gone
+        quiet with nothing pending."""
         for stream in self._streams:
             safe = await self._acknowledged_below(stream)
             if safe is not None:
                 await self._redis.xtrim(stream, minid=safe)
+            consumers: list[dict[str, Any]] = await self._redis.xinfo_consumers(stream, GROUP)
+            for consumer in consumers:
+                if (
+                    consumer["pending"] == 0
+                    and consumer["idle"] >= self.config.forget_consumer_idle_ms
+                    and consumer["name"] != self.consumer
+                ):
+                    await self._redis.xgroup_delconsumer(stream, GROUP, consumer["name"])
 
     async def _acknowledged_below(self, stream: str) -> str | None:
         """The lowest entry id some group still needs; everything below it is done with."""
