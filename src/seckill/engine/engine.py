@@ -132,11 +132,6 @@ class RedisEngine:
     # redis-py types its replies loosely (bytes | str, sync | async); the client here always
     # decodes, so the reads below state the shapes they get.
 
-    async def item_ids(self) -> list[int]:
-        """Every item ever loaded into this Redis."""
-        members = cast(set[str], await self._redis.smembers(items_registry(self._prefix)))
-        return sorted(int(m) for m in members)
-
     async def item(self, item_id: int) -> SaleItem | None:
         """The item's sale settings as loaded, or None."""
         values = await self._hmget(self.keys(item_id).item, _ITEM_FIELDS)

@@ -190,10 +190,6 @@ class Ledger:
             hold_ms=row.hold_seconds * 1000,
         )
 
-    async def item_ids(self) -> list[int]:
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(select(Item.id).order_by(Item.id))).scalars())
-
     async def stock(self, item_id: int) -> Stock | None:
         async with self.engine.connect() as conn:
             row = (
