@@ -7,7 +7,7 @@ stream position, comes with the reconciler.
 from __future__ import annotations
 
 from seckill.domain.items import Stock
-from seckill.engine.audit import Check
+from seckill.engine.audit import Check, journal_check
 from seckill.engine.engine import RedisEngine
 from seckill.store.ledger import Ledger
 
@@ -15,7 +15,7 @@ from seckill.store.ledger import Ledger
 async def compare_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> list[Check]:
     holds = await engine.holds(item_id)
     orders = await ledger.orders(item_id)
-    in_redis = {o: (h.buyer, h.quantity, h.state.value) for o, h in holds.items()}
+    in_redis = {o: (h.buyer, h.quantity, h.order_status) for o, h in holds.items()}
     in_sql = {o: (r.buyer, r.quantity, r.status) for o, r in orders.items()}
     missing = in_redis.keys() - in_sql.keys()
     unknown = in_sql.keys() - in_redis.keys()
@@ -32,6 +32,7 @@ async def compare_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> 
         Check(
             "SQL stock == Redis stock", sql_stock == redis_stock, _stocks(sql_stock, redis_stock)
         ),
+        journal_check("SQL", await ledger.journal_kinds(item_id), holds.values()),
     ]
 
 

@@ -146,6 +146,16 @@ RAW: list[tuple[ScriptName, tuple[str, ...], ErrorCode]] = [
     # forced, but the new total 1 is below the 2 units held and paid
     (ScriptName.LOAD_ITEM, (ITEM, "1", "0", "10", "1", "1", "1", NOW),
      ErrorCode.TOTAL_BELOW_COMMITTED),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, "0", "pay-1", "failed", NOW), ErrorCode.INVALID_ORDER_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "", "failed", NOW), ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "p" * 65, "failed", NOW),
+     ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay 1", "failed", NOW),
+     ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "", NOW), ErrorCode.INVALID_PAYMENT_RESULT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "Failed", NOW),
+     ErrorCode.INVALID_PAYMENT_RESULT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "0"), ErrorCode.INVALID_TIME),
 ]  # fmt: skip
 
 
@@ -163,6 +173,9 @@ async def test_scripts_refuse_raw_bad_input(
     all_keys = keys.all_fixed()
     if script is ScriptName.RESERVE:
         all_keys = (*all_keys, keys.idempotency(BUYER, "raw"))
+    if script is ScriptName.SETTLE_PAYMENT:
+        all_keys = (*all_keys, keys.payments)
+        args = (args[0], str(busy_item), *args[2:]) if args[1] == ORDER else args  # a real hold
     before = await snapshot(raw)
     with pytest.raises(InvalidRequest) as err:
         await scripts.call(script, all_keys, args)
@@ -178,6 +191,17 @@ async def _lua_refusal(engine: RedisEngine, scripts: Scripts, buyer: str, quanti
         await scripts.call(
             ScriptName.RESERVE, (*keys.all_fixed(), keys.idempotency("x", "y")), args
         )
+    except InvalidRequest as exc:
+        return exc.code
+    return None
+
+
+async def _lua_payment_refusal(engine: RedisEngine, scripts: Scripts, payment_id: str) -> Any:
+    keys = engine.keys(1)
+    args = ("1", str(ids.next()), payment_id, "succeeded", "")
+    try:
+        # No such hold: a valid notice answers unknown_order and writes nothing.
+        await scripts.call(ScriptName.SETTLE_PAYMENT, (*keys.all_fixed(), keys.payments), args)
     except InvalidRequest as exc:
         return exc.code
     return None
@@ -215,4 +239,15 @@ async def test_python_and_lua_agree_on_quantities(
     refused = await _lua_refusal(engine, scripts, "alice", str(quantity))
     assert (refused is ErrorCode.INVALID_QUANTITY) == _python_refuses(
         rules.check_quantity, quantity
+    )
+
+
+@AGREEMENT
+@given(payment_id=ANY_TEXT | ASCII_TEXT)
+async def test_python_and_lua_agree_on_payment_ids(
+    engine: RedisEngine, scripts: Scripts, payment_id: str
+) -> None:
+    refused = await _lua_payment_refusal(engine, scripts, payment_id)
+    assert (refused is ErrorCode.INVALID_PAYMENT_ID) == _python_refuses(
+        rules.check_payment_id, payment_id
     )

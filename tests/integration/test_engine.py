@@ -92,7 +92,7 @@ async def test_confirm_then_release_refuses(engine: RedisEngine) -> None:
     await assert_audit_passes(engine)
 
 
-async def test_release_returns_stock_once_and_payment_after_it_is_expired(
+async def test_release_returns_stock_once_and_a_payment_after_it_is_refunded(
     engine: RedisEngine,
 ) -> None:
     await engine.load_item(open_item(total=1, limit=1))
@@ -103,7 +103,7 @@ async def test_release_returns_stock_once_and_payment_after_it_is_expired(
     assert (first.outcome, first.reason) == (Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
     assert (again.outcome, again.reason) == (Outcome.ALREADY_RELEASED, ReleaseReason.PAYMENT_FAILED)
     late = await engine.confirm(1, r.order_id)
-    assert (late.outcome, late.reason) == (Outcome.EXPIRED, ReleaseReason.PAYMENT_FAILED)
+    assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, ReleaseReason.PAYMENT_FAILED)
     stock = await engine.stock(1)
     assert stock is not None and (stock.available, stock.held, stock.sold) == (1, 0, 0)
     assert await engine.buyer_units(1) == {}  # the buyer's quota came back too
@@ -138,7 +138,7 @@ async def test_expire_due_releases_oldest_first_within_the_limit(
     await assert_audit_passes(timed_engine)
 
 
-async def test_a_payment_past_the_deadline_releases_instead(
+async def test_a_payment_past_the_deadline_releases_and_is_refunded(
     timed_engine: RedisEngine, clock: ManualClock
 ) -> None:
     await timed_engine.load_item(open_item(total=1, hold_ms=1_000))
@@ -146,7 +146,7 @@ async def test_a_payment_past_the_deadline_releases_instead(
     assert r.order_id
     clock.advance(1_000)  # due, but the reaper has not run yet
     late = await timed_engine.confirm(1, r.order_id)
-    assert (late.outcome, late.reason) == (Outcome.EXPIRED, ReleaseReason.EXPIRED)
+    assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
     stock = await timed_engine.stock(1)
     assert stock is not None and (stock.available, stock.sold) == (1, 0)
     assert await timed_engine.expire_due(1) == []

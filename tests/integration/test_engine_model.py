@@ -1,9 +1,10 @@
 """The real engine, driven by random operation sequences, against a plain-Python model of its rules.
 
 Hypothesis picks the operations (reserve, rushes of buyers in one millisecond, replay, confirm,
-release, restock, clock moves, reaper batches, and payments or reaping landed right on a
-deadline) over one or two small items and a few buyers and idempotency keys, so replays, key
-reuse, limits, sell-outs and pay-versus-timeout races happen often. The model predicts every answer
+provider payment notices, release, restock, clock moves, reaper batches, and payments or reaping
+landed right on a deadline) over one or two small items and a few buyers, idempotency keys and
+payment ids, so replays, key and payment id reuse, limits, sell-outs, pay-versus-timeout races
+and late payments (refunds) happen often. The model predicts every answer
 exactly; after every step the engine's state must equal the model's and every check of
 ``seckill.engine.audit`` (the one home of DESIGN.md's invariants) must pass.
 
@@ -35,7 +36,14 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
-from seckill.domain.holds import Hold, HoldState, HoldTransition, ReleaseReason, Reservation
+from seckill.domain.holds import (
+    Hold,
+    HoldState,
+    HoldTransition,
+    PaymentSettlement,
+    ReleaseReason,
+    Reservation,
+)
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.audit import audit_item
@@ -48,6 +56,7 @@ START_MS = 1_800_000_000_000  # a fixed epoch (2027), so a failing example repla
 IDEMPOTENCY_TTL_MS = 3_600_000  # Redis-time PX; no real hour passes within one example
 BUYERS = ("al", "bob", "carol", "d")  # varied lengths: the key layout encodes the buyer's length
 KEYS = ("k1", "k2", "k3")
+PAYMENT_IDS = ("pay-1", "pay-2", "pay-3")  # few, so a notice often reuses one
 
 MODEL_SETTINGS = settings(
     max_examples=60,
@@ -60,7 +69,9 @@ MODEL_SETTINGS = settings(
 # deadlines by member *string*, so "10" goes before "9", and 64-bit ids must survive Lua.
 order_ids = st.one_of(st.integers(1, 99), st.integers(100, 999_999), st.integers(2**62, 2**63 - 1))
 
-Answer = Reservation | HoldTransition | Outcome | ErrorCode
+Answer = Reservation | HoldTransition | PaymentSettlement | Outcome | ErrorCode
+# A payment id's recorded answer: (order id, succeeded, outcome, release reason).
+PaymentRecord = tuple[int, bool, Outcome, ReleaseReason | None]
 T = TypeVar("T")
 
 
@@ -77,6 +88,7 @@ class ItemModel:
     # (buyer, idempotency key) -> the first reservation's (order id, quantity, deadline)
     keys: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
     journal: list[tuple[str, str, str]] = field(default_factory=list)  # (event, order id, reason)
+    payments: dict[str, PaymentRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.journal.append(("loaded", "", ""))
@@ -126,22 +138,54 @@ class ItemModel:
         self.holds[hold.order_id] = replace(hold, state=HoldState.RELEASED, reason=reason)
         self.journal.append(("released", str(hold.order_id), reason.value))
 
+    def pay(self, hold: Hold, now: int) -> HoldTransition:
+        """A payment succeeded (confirm and a succeeded notice): pay_hold of _common.lua."""
+        if hold.state is HoldState.PAID:
+            return HoldTransition(Outcome.ALREADY_PAID)
+        if hold.state is HoldState.HELD and now >= hold.deadline_ms:
+            self._release(hold, ReleaseReason.EXPIRED)
+            hold = self.holds[hold.order_id]
+        if hold.state is HoldState.RELEASED:
+            assert hold.reason is not None
+            if not hold.refund_required:
+                self.holds[hold.order_id] = replace(hold, refund_required=True)
+                self.journal.append(("refund_required", str(hold.order_id), hold.reason.value))
+            return HoldTransition(Outcome.REFUND_REQUIRED, hold.reason)
+        self.held -= hold.quantity
+        self.sold += hold.quantity
+        self.holds[hold.order_id] = replace(hold, state=HoldState.PAID)
+        self.journal.append(("paid", str(hold.order_id), ""))
+        return HoldTransition(Outcome.PAID)
+
     def confirm(self, order_id: int, now: int) -> HoldTransition:
         hold = self.holds.get(order_id)
         if hold is None:
             return HoldTransition(Outcome.UNKNOWN_ORDER)
-        if hold.state is HoldState.PAID:
-            return HoldTransition(Outcome.ALREADY_PAID)
-        if hold.state is HoldState.RELEASED:
-            return HoldTransition(Outcome.EXPIRED, hold.reason)
-        if now >= hold.deadline_ms:
-            self._release(hold, ReleaseReason.EXPIRED)
-            return HoldTransition(Outcome.EXPIRED, ReleaseReason.EXPIRED)
-        self.held -= hold.quantity
-        self.sold += hold.quantity
-        self.holds[order_id] = replace(hold, state=HoldState.PAID)
-        self.journal.append(("paid", str(order_id), ""))
-        return HoldTransition(Outcome.PAID)
+        return self.pay(hold, now)
+
+    def settle_payment(
+        self, order_id: int, payment_id: str, succeeded: bool, now: int
+    ) -> PaymentSettlement | ErrorCode:
+        seen = self.payments.get(payment_id)
+        if seen is not None:
+            first_order, first_succeeded, outcome, reason = seen
+            if (first_order, first_succeeded) != (order_id, succeeded):
+                return ErrorCode.PAYMENT_ID_REUSED
+            return PaymentSettlement(outcome, reason, replayed=True)
+        hold = self.holds.get(order_id)
+        if hold is None:
+            return PaymentSettlement(Outcome.UNKNOWN_ORDER)  # and not recorded
+        if succeeded:
+            answer = self.pay(hold, now)
+        elif hold.state is HoldState.PAID:
+            answer = HoldTransition(Outcome.ALREADY_PAID)
+        elif hold.state is HoldState.RELEASED:
+            answer = HoldTransition(Outcome.ALREADY_RELEASED, hold.reason)
+        else:
+            self._release(hold, ReleaseReason.PAYMENT_FAILED)
+            answer = HoldTransition(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
+        self.payments[payment_id] = (order_id, succeeded, answer.outcome, answer.reason)
+        return PaymentSettlement(answer.outcome, answer.reason)
 
     def release(self, order_id: int, reason: ReleaseReason) -> HoldTransition:
         hold = self.holds.get(order_id)
@@ -188,6 +232,7 @@ class Snapshot:
     deadlines: dict[int, int]
     journal: list[tuple[str, str, str]]
     keys: dict[str, tuple[int, int, int]]
+    payments: dict[str, PaymentRecord]
     failed_checks: list[str]
 
 
@@ -363,6 +408,24 @@ class EngineModel(RuleBasedStateMachine):
         got = self.call(item_id, self.engine.confirm(item_id, order_id))
         assert got == expected, f"confirm {order_id}: engine {got!r}, model {expected!r}"
 
+    def check_settle_payment(
+        self, item_id: int, order_id: int, payment_id: str, succeeded: bool
+    ) -> None:
+        expected = self.items[item_id].settle_payment(order_id, payment_id, succeeded, self.clock())
+        try:
+            got: Answer = self.call(
+                item_id,
+                self.engine.settle_payment(
+                    item_id, order_id, payment_id=payment_id, succeeded=succeeded
+                ),
+            )
+        except InvalidRequest as exc:
+            got = exc.code
+        assert got == expected, (
+            f"settle_payment {order_id} {payment_id} {succeeded}: engine {got!r}, "
+            f"model {expected!r}"
+        )
+
     def check_release(self, item_id: int, order_id: int, reason: ReleaseReason) -> None:
         expected = self.items[item_id].release(order_id, reason)
         got = self.call(item_id, self.engine.release(item_id, order_id, reason))
@@ -380,6 +443,21 @@ class EngineModel(RuleBasedStateMachine):
         order_id = self.draw_order_id(data, model)
         for _ in range(1 + retried):
             self.check_confirm(item_id, order_id)
+
+    @rule(
+        data=st.data(),
+        payment_id=st.sampled_from(PAYMENT_IDS),
+        succeeded=st.booleans(),
+        retried=st.booleans(),
+    )
+    def settle_payment(
+        self, data: st.DataObject, payment_id: str, succeeded: bool, retried: bool
+    ) -> None:
+        """A provider's notice; ``retried``: the provider sends it twice."""
+        item_id, model = self.draw_item(data)
+        order_id = self.draw_order_id(data, model)
+        for _ in range(1 + retried):
+            self.check_settle_payment(item_id, order_id, payment_id, succeeded)
 
     @rule(data=st.data(), reason=st.sampled_from(ReleaseReason), retried=st.booleans())
     def release(self, data: st.DataObject, reason: ReleaseReason, retried: bool) -> None:
@@ -432,11 +510,19 @@ class EngineModel(RuleBasedStateMachine):
         return item_id, hold
 
     @precondition(any_held)
-    @rule(data=st.data(), offset=st.sampled_from([-1, 0, 1]))
-    def pay_at_deadline(self, data: st.DataObject, offset: int) -> None:
-        """The payment lands on the deadline: 1 ms before pays, the deadline itself is late."""
+    @rule(
+        data=st.data(),
+        offset=st.sampled_from([-1, 0, 1]),
+        payment_id=st.sampled_from([None, *PAYMENT_IDS]),
+    )
+    def pay_at_deadline(self, data: st.DataObject, offset: int, payment_id: str | None) -> None:
+        """The payment lands on the deadline: 1 ms before pays, the deadline itself is late (a
+        refund). By confirm, or by a provider's notice when there is a payment id."""
         item_id, hold = self.land_on_deadline(data, offset)
-        self.check_confirm(item_id, hold.order_id)
+        if payment_id is None:
+            self.check_confirm(item_id, hold.order_id)
+        else:
+            self.check_settle_payment(item_id, hold.order_id, payment_id, True)
 
     @precondition(any_held)
     @rule(data=st.data(), offset=st.sampled_from([-1, 0, 1]), limit=st.integers(1, 4))
@@ -452,6 +538,10 @@ class EngineModel(RuleBasedStateMachine):
         engine, redis = self.engine, self.redis
         names = sorted(map(str, await redis.keys(engine.keys(item_id).idempotency_prefix + "*")))
         records = [json.loads(str(raw)) for raw in await redis.mget(names)] if names else []
+        payments = {
+            payment_id: json.loads(raw)
+            for payment_id, raw in (await redis.hgetall(engine.keys(item_id).payments)).items()
+        }
         return Snapshot(
             stock=await engine.stock(item_id),
             holds=await engine.holds(item_id),
@@ -464,6 +554,15 @@ class EngineModel(RuleBasedStateMachine):
             keys={
                 name: (int(r["order_id"]), r["quantity"], r["deadline_ms"])
                 for name, r in zip(names, records, strict=True)
+            },
+            payments={
+                payment_id: (
+                    int(p["order_id"]),
+                    p["succeeded"],
+                    Outcome(p["outcome"]),
+                    ReleaseReason(p["reason"]) if "reason" in p else None,
+                )
+                for payment_id, p in payments.items()
             },
             failed_checks=[
                 f"{c.name}: {c.detail}" for c in await audit_item(engine, item_id) if not c.ok
@@ -488,6 +587,7 @@ class EngineModel(RuleBasedStateMachine):
             assert seen.keys == {
                 keys.idempotency(buyer, key): record for (buyer, key), record in model.keys.items()
             }, f"item {item_id} idempotency records"
+            assert seen.payments == model.payments, f"item {item_id} payment records"
 
 
 def test_engine_matches_model(redis_server: RedisServer) -> None:
@@ -535,7 +635,7 @@ async def test_deadline_edges_pinned(timed_engine: RedisEngine, clock: ManualClo
     assert reaped == [10, 123, 2**62]  # "10" < "123" < "4611686018427387904" < "9"
     assert await timed_engine.expire_due(1, limit=3) == reaped
     paid_late = model.confirm(9, clock())
-    assert paid_late == HoldTransition(Outcome.EXPIRED, ReleaseReason.EXPIRED)
+    assert paid_late == HoldTransition(Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
     assert await timed_engine.confirm(1, 9) == paid_late
 
     clock.advance(998)  # 1 ms before order 77's deadline

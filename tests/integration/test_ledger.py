@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import socket
 from typing import Any
@@ -9,18 +10,20 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent
+from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
 from seckill.domain.holds import ReleaseReason
 from seckill.domain.items import Stock
-from seckill.store.database import open_database
+from seckill.domain.outcomes import Outcome
+from seckill.engine.engine import RedisEngine
+from seckill.reconcile import compare_records
+from seckill.store.database import is_transient, open_database
 from seckill.store.ledger import Ledger
-from seckill.store.tables import Base, Inventory
-from seckill.workers.persister import is_transient
-from tests.conftest import new_item
+from seckill.store.tables import Base, Inventory, Order, ms_to_datetime
+from tests.conftest import ManualClock, new_item
 
 _positions = itertools.count(1)
 
@@ -91,6 +94,11 @@ async def test_a_repeated_event_is_applied_once(ledger: Ledger) -> None:
         (EventKind.PAID, {"kind": EventKind.RELEASED, "reason": ReleaseReason.CANCELLED}, "paid"),
         (EventKind.RESERVED, {"kind": EventKind.PAID, "quantity": 3}, "says 3"),
         (EventKind.RESERVED, {"kind": EventKind.PAID, "buyer": "mallory"}, "mallory"),
+        (
+            EventKind.PAID,
+            {"kind": EventKind.REFUND_REQUIRED, "reason": ReleaseReason.EXPIRED},
+            "paid",
+        ),
     ],
 )
 async def test_a_contradicting_event_is_refused_and_writes_nothing(
@@ -160,3 +168,80 @@ async def test_a_resale_ahead_of_its_release_is_refused_as_ahead_of_the_stream(
         await ledger.apply([resale])
     await ledger.apply([resale, release])  # together, in stream order: fine
     assert await ledger.stock(item_id) == Stock(total=2, available=0, held=2, sold=0)
+
+
+# -- refunds, from the events a real engine writes ------------------------------------------------
+# A payment after its hold was released: the stream carries reserved, released, refund_required
+# (in that order, but two persisters may land them in any). Each landing is a list of batches.
+REFUND_LANDINGS = {
+    "refund first": [["refund_required"], ["reserved"], ["released"]],
+    "refund before release": [["reserved"], ["refund_required"], ["released"]],
+    "refund before release, one batch": [["reserved", "refund_required"], ["released"]],
+    "refund last": [["reserved"], ["released"], ["refund_required"]],
+    "all in one batch": [["reserved", "released", "refund_required"]],
+    "release and refund before reserved": [["released", "refund_required"], ["reserved"]],
+}
+
+
+@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.parametrize("late", ["after a cancel", "past the deadline"])
+@pytest.mark.parametrize("landing", list(REFUND_LANDINGS))
+async def test_a_refund_lands_in_any_order_as_refund_required(
+    ledger: Ledger, timed_engine: RedisEngine, clock: ManualClock, late: str, landing: str
+) -> None:
+    item_id = await ledger.create_item(new_item(total=5, limit=2, hold_seconds=1))
+    sale_item = await ledger.sale_item(item_id)
+    assert sale_item is not None
+    await timed_engine.load_item(sale_item)
+    reserved = await timed_engine.reserve(
+        item_id, buyer="alice", quantity=2, idempotency_key="k", order_id=7
+    )
+    assert reserved.accepted
+    if late == "after a cancel":
+        await timed_engine.release(item_id, 7, ReleaseReason.CANCELLED)
+    else:
+        clock.advance(1_000)
+    paid_late = await timed_engine.confirm(item_id, 7)
+    reason = ReleaseReason.CANCELLED if late == "after a cancel" else ReleaseReason.EXPIRED
+    assert (paid_late.outcome, paid_late.reason) == (Outcome.REFUND_REQUIRED, reason)
+
+    events = [decode_event(entry_id, f) for entry_id, f in await timed_engine.events(item_id)]
+    by_kind = {e.kind.value: e for e in events}
+    assert list(by_kind) == ["loaded", "reserved", "released", "refund_required"]
+    await ledger.apply([by_kind["loaded"]])
+    for batch in REFUND_LANDINGS[landing]:
+        await ledger.apply([by_kind[kind] for kind in batch])
+        stock = await ledger.stock(item_id)
+        assert stock is not None and stock.balanced
+    assert await ledger.apply(events) == 0  # a redelivery of everything changes nothing
+
+    order = (await ledger.orders(item_id))[7]
+    assert (order.status, order.release_reason) == ("refund_required", reason.value)
+    async with ledger.engine.connect() as conn:
+        released_at = (
+            await conn.execute(select(Order.released_at).where(Order.id == 7))
+        ).scalar_one()
+    assert released_at is not None
+    assert await ledger.stock(item_id) == await timed_engine.stock(item_id) == Stock(5, 5, 0, 0)
+    failed = [c for c in await compare_records(timed_engine, ledger, item_id) if not c.ok]
+    assert not failed, failed
+
+
+async def test_a_refund_after_its_release_keeps_the_release_time(ledger: Ledger) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=2))
+    released = event(EventKind.RELEASED, item_id, 1, reason=ReleaseReason.CANCELLED)
+    refund = dataclasses.replace(
+        event(EventKind.REFUND_REQUIRED, item_id, 1, reason=ReleaseReason.CANCELLED),
+        at_ms=released.at_ms + 60_000,
+    )
+    await ledger.apply([event(EventKind.RESERVED, item_id, 1)])
+    await ledger.apply([released])
+    await ledger.apply([refund])
+    async with ledger.engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(Order.status, Order.released_at, Order.release_reason).where(Order.id == 1)
+            )
+        ).one()
+    assert (row.status, row.release_reason) == ("refund_required", "cancelled")
+    assert row.released_at == ms_to_datetime(released.at_ms)

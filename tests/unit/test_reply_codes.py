@@ -41,13 +41,55 @@ def body_codes(source: str) -> tuple[set[str], set[str]]:
     return replies, errors
 
 
+def common_helpers() -> dict[str, str]:
+    """Each `local function` of _common.lua, by name, with its body."""
+    common = (LUA_DIR / "_common.lua").read_text()
+    found = re.findall(r"^local function (\w+)\(.*?^end$", common, re.M | re.S)
+    bodies = re.findall(r"^(local function \w+\(.*?^end)$", common, re.M | re.S)
+    return dict(zip(found, bodies, strict=True))
+
+
+def script_codes(name: str) -> tuple[set[str], set[str]]:
+    """Codes a script replies with, its own and those of the shared helpers it calls (and the
+    helpers they call)."""
+    helpers = common_helpers()
+    source = (LUA_DIR / f"{name}.lua").read_text()
+    replies, errors = body_codes(source)
+    called: set[str] = set()
+    pending = [source]
+    while pending:
+        text = pending.pop()
+        for helper, body in helpers.items():
+            if helper not in called and re.search(rf"\b{helper}\(", text):
+                called.add(helper)
+                pending.append(body.split("\n", 1)[1])  # the body, without its own signature
+                r, e = body_codes(body)
+                replies |= r
+                errors |= e
+    return replies, errors
+
+
+def test_the_shared_helpers_are_found() -> None:
+    helpers = common_helpers()
+    assert {"release_hold", "pay_hold"} <= helpers.keys()
+    assert body_codes(helpers["pay_hold"])[0] == {"already_paid", "refund_required", "paid"}
+
+
 @pytest.mark.parametrize("name", sorted(ITEM_SCRIPTS))
 def test_each_script_replies_only_what_its_header_declares(name: ScriptName) -> None:
     declared_replies, declared_errors = declared(name)
-    used_replies, used_errors = body_codes((LUA_DIR / f"{name}.lua").read_text())
+    used_replies, used_errors = script_codes(name)
     assert used_replies <= declared_replies
     assert used_errors <= declared_errors
     assert declared_errors, f"{name}.lua declares no errors"
+
+
+@pytest.mark.parametrize("name", [ScriptName.CONFIRM, ScriptName.SETTLE_PAYMENT])
+def test_paying_scripts_share_one_decision(name: ScriptName) -> None:
+    """confirm and settle_payment decide a successful payment in one place: pay_hold."""
+    source = (LUA_DIR / f"{name}.lua").read_text()
+    assert re.search(r"\bpay_hold\(", source)
+    assert '{ "paid" }' not in source and "HINCRBY" not in source
 
 
 def test_the_shared_refusals_are_declared_codes() -> None:

@@ -17,6 +17,7 @@ class EventKind(StrEnum):
     RESERVED = "reserved"
     PAID = "paid"
     RELEASED = "released"
+    REFUND_REQUIRED = "refund_required"
 
 
 class BadEvent(ValueError):
@@ -57,6 +58,7 @@ _REQUIRED = {
     EventKind.RESERVED: ("order_id", "buyer", "quantity", "deadline_ms"),
     EventKind.PAID: ("order_id", "buyer", "quantity"),
     EventKind.RELEASED: ("order_id", "buyer", "quantity", "reason"),
+    EventKind.REFUND_REQUIRED: ("order_id", "buyer", "quantity", "reason"),
 }
 
 

@@ -26,12 +26,22 @@ class ReleaseReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Hold:
+    """One order's hold. ``refund_required``: a payment succeeded after the hold was released
+    (its stock is gone for good), so the money must go back."""
+
     order_id: int
     buyer: str
     quantity: int
     deadline_ms: int
     state: HoldState
     reason: ReleaseReason | None = None
+    refund_required: bool = False
+
+    @property
+    def order_status(self) -> str:
+        """The order's status in the words of the orders table: a released hold paid for after
+        all is ``refund_required``."""
+        return "refund_required" if self.refund_required else self.state.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +50,14 @@ class Reservation:
 
     A replay carries the original answer (outcome, order id, deadline) with ``replayed`` set, so
     every repeat of one idempotency key compares equal on what the buyer sees.
+    ``retry_after_ms``: set with ``rate_limited``, the time until the buyer's window reopens.
     """
 
     outcome: Outcome
     order_id: int | None = None
     deadline_ms: int | None = None
     replayed: bool = False
+    retry_after_ms: int | None = None
 
     @property
     def accepted(self) -> bool:
@@ -58,3 +70,16 @@ class HoldTransition:
 
     outcome: Outcome
     reason: ReleaseReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PaymentSettlement:
+    """The answer to a provider's payment notice (``settle_payment``).
+
+    ``replayed``: the provider sent this payment id before; the answer is the one recorded then,
+    and nothing changed now.
+    """
+
+    outcome: Outcome
+    reason: ReleaseReason | None = None
+    replayed: bool = False

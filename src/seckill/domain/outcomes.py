@@ -19,16 +19,17 @@ class Outcome(StrEnum):
     RESERVED = "reserved"
     REPLAY = "replay"
     KEY_REUSED = "key_reused"
+    RATE_LIMITED = "rate_limited"
     SOLD_OUT = "sold_out"
     INSUFFICIENT_STOCK = "insufficient_stock"
     LIMIT_REACHED = "limit_reached"
     NOT_STARTED = "not_started"
     ENDED = "ended"
     UNKNOWN_ITEM = "unknown_item"
-    # confirm / release
+    # confirm / release / settle_payment
     PAID = "paid"
     ALREADY_PAID = "already_paid"
-    EXPIRED = "expired"
+    REFUND_REQUIRED = "refund_required"
     RELEASED = "released"
     ALREADY_RELEASED = "already_released"
     UNKNOWN_ORDER = "unknown_order"
@@ -49,9 +50,13 @@ class ErrorCode(StrEnum):
     INVALID_TIME = "invalid_time"
     INVALID_BATCH = "invalid_batch"
     INVALID_TTL = "invalid_ttl"
+    INVALID_RATE_LIMIT = "invalid_rate_limit"
     ITEM_ACTIVE = "item_active"
     TOTAL_BELOW_COMMITTED = "total_below_committed"
     LIMIT_BELOW_COMMITTED = "limit_below_committed"
+    INVALID_PAYMENT_ID = "invalid_payment_id"
+    INVALID_PAYMENT_RESULT = "invalid_payment_result"
+    PAYMENT_ID_REUSED = "payment_id_reused"
 
 
 class InvalidRequest(ValueError):

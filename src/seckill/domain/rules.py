@@ -13,6 +13,7 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest
 MAX_ID = 2**63 - 1  # item and order ids fit a signed 64-bit SQL column
 MAX_BUYER_LEN = 64
 MAX_KEY_LEN = 255
+MAX_PAYMENT_ID_LEN = 64
 MAX_QUANTITY = 1_000_000
 MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
 # Times and deadlines (time + hold) stay within 14 digits: cjson stores numbers with 14
@@ -71,6 +72,22 @@ def check_order_id(order_id: Any) -> None:
         )
 
 
+def check_payment_id(payment_id: Any) -> None:
+    if not _visible_ascii(payment_id, MAX_PAYMENT_ID_LEN):
+        raise InvalidRequest(
+            ErrorCode.INVALID_PAYMENT_ID,
+            f"payment id must be 1 to {MAX_PAYMENT_ID_LEN} visible ASCII characters",
+        )
+
+
+def check_payment_result(succeeded: Any) -> None:
+    # Strictly a bool: a truthy "failed" must never settle a payment as succeeded.
+    if not isinstance(succeeded, bool):
+        raise InvalidRequest(
+            ErrorCode.INVALID_PAYMENT_RESULT, "payment result must be succeeded or failed"
+        )
+
+
 def check_time_ms(now_ms: Any) -> None:
     if not _whole(now_ms, 1, MAX_TIME_MS):
         raise InvalidRequest(ErrorCode.INVALID_TIME, "time must be positive epoch milliseconds")
@@ -97,3 +114,11 @@ def check_sale_item(
         problems.append(f"hold duration must be 1 to {MAX_HOLD_MS} ms")
     if problems:
         raise InvalidRequest(ErrorCode.INVALID_ITEM, "; ".join(problems))
+
+
+def check_rate_limit(*, requests: Any, window_ms: Any) -> None:
+    if not (_whole(requests, 1, MAX_QUANTITY) and _whole(window_ms, 1, MAX_HOLD_MS)):
+        raise InvalidRequest(
+            ErrorCode.INVALID_RATE_LIMIT,
+            f"rate limit must be 1 to {MAX_QUANTITY} attempts per 1 to {MAX_HOLD_MS} ms",
+        )

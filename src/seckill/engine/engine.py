@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
 
 from seckill.domain import rules
-from seckill.domain.holds import Hold, HoldState, HoldTransition, ReleaseReason, Reservation
+from seckill.domain.holds import (
+    Hold,
+    HoldState,
+    HoldTransition,
+    PaymentSettlement,
+    ReleaseReason,
+    Reservation,
+)
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import Outcome
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
@@ -20,6 +28,23 @@ from seckill.engine.scripts import ScriptName, Scripts
 
 Clock = Callable[[], int]
 """Epoch milliseconds. The engine's default is no clock at all: the scripts read Redis TIME."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    """At most ``requests`` purchase attempts per buyer and item in ``window_ms``.
+
+    A fixed window that opens at the buyer's first counted attempt (not at a clock boundary, so
+    refused buyers do not all come back at the same instant). Counted inside the reserve script:
+    every attempt that passed validation and is not a replay of a recorded idempotency key.
+    """
+
+    requests: int
+    window_ms: int
+
+    def __post_init__(self) -> None:
+        rules.check_rate_limit(requests=self.requests, window_ms=self.window_ms)
+
 
 _STOCK_FIELDS = ("total", "available", "held", "sold")
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
@@ -30,6 +55,8 @@ class RedisEngine:
 
     ``clock`` exists for tests and simulations that need to move time; in production leave it
     unset so every decision uses the one clock all processes share: Redis's own.
+    ``rate_limit``: purchase attempts per buyer and item (None: unlimited); the rate windows
+    follow the same clock.
     """
 
     def __init__(
@@ -40,12 +67,22 @@ class RedisEngine:
         idempotency_ttl_ms: int,
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
         self._idempotency_ttl = str(idempotency_ttl_ms)
         self._prefix = prefix
         self._clock = clock
+        self._rate_args = (
+            ("", "")
+            if rate_limit is None
+            else (str(rate_limit.requests), str(rate_limit.window_ms))
+        )
+
+    @property
+    def redis(self) -> Redis:
+        return self._redis
 
     def keys(self, item_id: int) -> ItemKeys:
         return item_keys(item_id, self._prefix)
@@ -53,10 +90,10 @@ class RedisEngine:
     def _now(self) -> str:
         return "" if self._clock is None else str(self._clock())
 
-    async def _call(self, name: ScriptName, item_id: int, *args: Any, extra_key: str = "") -> Any:
-        keys = self.keys(item_id).all_fixed()
-        if extra_key:
-            keys = (*keys, extra_key)
+    async def _call(
+        self, name: ScriptName, item_id: int, *args: Any, extra_keys: tuple[str, ...] = ()
+    ) -> Any:
+        keys = (*self.keys(item_id).all_fixed(), *extra_keys)
         return await self._scripts.call(name, keys, (item_id, *args))
 
     async def load_item(self, item: SaleItem, *, force: bool = False) -> Outcome:
@@ -84,12 +121,17 @@ class RedisEngine:
     async def reserve(
         self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str, order_id: int
     ) -> Reservation:
-        """Try to hold ``quantity`` units for ``buyer``: one round trip, decided atomically."""
+        """Try to hold ``quantity`` units for ``buyer``: one round trip, decided atomically.
+
+        With a rate limit, an attempt past it answers ``rate_limited`` with ``retry_after_ms``
+        and changes nothing; a replay of a recorded key is answered before the limit, uncounted.
+        """
         rules.check_item_id(item_id)
         rules.check_buyer(buyer)
         rules.check_quantity(quantity)
         rules.check_idempotency_key(idempotency_key)
         rules.check_order_id(order_id)
+        keys = self.keys(item_id)
         reply = await self._call(
             ScriptName.RESERVE,
             item_id,
@@ -98,17 +140,45 @@ class RedisEngine:
             order_id,
             self._idempotency_ttl,
             self._now(),
-            extra_key=self.keys(item_id).idempotency(buyer, idempotency_key),
+            *self._rate_args,
+            extra_keys=(keys.idempotency(buyer, idempotency_key), keys.rate(buyer)),
         )
         code = Outcome(reply[0])
         if len(reply) == 1:
             return Reservation(code)
+        if code is Outcome.RATE_LIMITED:
+            return Reservation(code, retry_after_ms=int(reply[1]))
         replayed = code is not Outcome.RESERVED
         outcome = Outcome.RESERVED if code is Outcome.REPLAY else code
         return Reservation(outcome, int(reply[1]), int(reply[2]), replayed=replayed)
 
+    async def recorded(
+        self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str
+    ) -> Reservation | None:
+        """The answer recorded under this key by an earlier reservation, or None: one GET, no
+        script, no write. For a process that knows the item is sold out and must still give a
+        repeat its first answer (the script's replay / key_reused rule, read-only)."""
+        rules.check_item_id(item_id)
+        rules.check_buyer(buyer)
+        rules.check_quantity(quantity)
+        rules.check_idempotency_key(idempotency_key)
+        raw = await self._redis.get(self.keys(item_id).idempotency(buyer, idempotency_key))
+        if raw is None:
+            return None
+        first = json.loads(raw)
+        outcome = Outcome.RESERVED if int(first["quantity"]) == quantity else Outcome.KEY_REUSED
+        return Reservation(
+            outcome, int(first["order_id"]), int(first["deadline_ms"]), replayed=True
+        )
+
     async def confirm(self, item_id: int, order_id: int) -> HoldTransition:
-        """A payment succeeded: held -> paid. Idempotent; a released hold answers ``expired``."""
+        """A payment succeeded: held -> paid. Idempotent.
+
+        A hold released before the payment, or found at or past its deadline (then released as
+        expired), answers ``refund_required`` with the release reason: its stock is never sold
+        after all. The first such payment marks the hold and journals a ``refund_required``
+        event; later ones change nothing.
+        """
         rules.check_item_id(item_id)
         rules.check_order_id(order_id)
         return _transition(await self._call(ScriptName.CONFIRM, item_id, order_id, self._now()))
@@ -121,6 +191,33 @@ class RedisEngine:
         return _transition(
             await self._call(ScriptName.RELEASE, item_id, order_id, reason.value, self._now())
         )
+
+    async def settle_payment(
+        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
+    ) -> PaymentSettlement:
+        """Apply a payment provider's notice once per ``payment_id``.
+
+        Succeeded: as :meth:`confirm`. Failed: held -> released (``payment_failed``); a paid hold
+        stays paid (``already_paid``). A payment id seen before answers what it answered then
+        (``replayed``), or refuses with ``payment_id_reused`` if it now names another order or
+        result. An unknown order answers ``unknown_order`` and is not recorded.
+        """
+        rules.check_item_id(item_id)
+        rules.check_order_id(order_id)
+        rules.check_payment_id(payment_id)
+        rules.check_payment_result(succeeded)
+        reply = await self._call(
+            ScriptName.SETTLE_PAYMENT,
+            item_id,
+            order_id,
+            payment_id,
+            "succeeded" if succeeded else "failed",
+            self._now(),
+            extra_keys=(self.keys(item_id).payments,),
+        )
+        if Outcome(reply[0]) is Outcome.REPLAY:
+            return PaymentSettlement(Outcome(reply[1]), _reason(reply, 2), replayed=True)
+        return PaymentSettlement(Outcome(reply[0]), _reason(reply, 1))
 
     async def expire_due(self, item_id: int, *, limit: int = 500) -> list[int]:
         """Release at most ``limit`` holds past their deadline; returns their order ids."""
@@ -187,9 +284,12 @@ class RedisEngine:
         return [int(v) for v in values if v is not None]
 
 
+def _reason(reply: list[Any], at: int) -> ReleaseReason | None:
+    return ReleaseReason(reply[at]) if len(reply) > at else None
+
+
 def _transition(reply: list[Any]) -> HoldTransition:
-    reason = ReleaseReason(reply[1]) if len(reply) > 1 else None
-    return HoldTransition(Outcome(reply[0]), reason)
+    return HoldTransition(Outcome(reply[0]), _reason(reply, 1))
 
 
 def _hold(order_id: int, raw: str) -> Hold:
@@ -201,4 +301,5 @@ def _hold(order_id: int, raw: str) -> Hold:
         deadline_ms=int(record["deadline_ms"]),
         state=HoldState(record["state"]),
         reason=ReleaseReason(record["reason"]) if "reason" in record else None,
+        refund_required=record.get("refund_required") is True,
     )

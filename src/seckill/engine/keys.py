@@ -20,7 +20,9 @@ class ItemKeys:
     deadlines: str  # sorted set: held order ids scored by deadline (ms)
     events: str  # stream: one entry per state change, the outbox and journal
     dead_letters: str  # stream: entries the persister gave up on, with why
+    payments: str  # hash: provider payment id -> the notice's answer (JSON), applied once
     idempotency_prefix: str
+    rate_prefix: str
 
     def idempotency(self, buyer: str, key: str) -> str:
         """A buyer's idempotency record key.
@@ -29,8 +31,14 @@ class ItemKeys:
         """
         return f"{self.idempotency_prefix}{len(buyer)}:{buyer}:{key}"
 
+    def rate(self, buyer: str) -> str:
+        """A buyer's purchase-attempt counter (hash: start, count; expires with its window).
+
+        The buyer is the key's last part, so no length prefix is needed to keep it apart."""
+        return f"{self.rate_prefix}{buyer}"
+
     def all_fixed(self) -> tuple[str, ...]:
-        """Every key of the item but the idempotency records (which are one key each)."""
+        """Every key of the item but the idempotency records and rate counters (one key each)."""
         return (self.item, self.buyers, self.holds, self.deadlines, self.events)
 
 
@@ -44,7 +52,9 @@ def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> ItemKeys:
         deadlines=f"{base}:deadlines",
         events=f"{base}:events",
         dead_letters=f"{base}:dead",
+        payments=f"{base}:payments",
         idempotency_prefix=f"{base}:idem:",
+        rate_prefix=f"{base}:rate:",
     )
 
 
@@ -60,3 +70,14 @@ def items_registry(prefix: str = DEFAULT_PREFIX) -> str:
 
 def worker_id_key(worker_id: int, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:worker-id:{worker_id}"
+
+
+def item_card_key(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
+    """String (JSON, expires): the item as buyers see it, cached from SQL by
+    ``seckill.services.item_cache``. In the item's slot; no script touches it."""
+    return f"{prefix}:{{item:{item_id}}}:card"
+
+
+def item_card_lock_key(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
+    """String (an owner token, PX): held by the one process loading the item's card from SQL."""
+    return f"{prefix}:{{item:{item_id}}}:card:lock"

@@ -26,6 +26,7 @@ class ScriptName(StrEnum):
     RESERVE = "reserve"
     CONFIRM = "confirm"
     RELEASE = "release"
+    SETTLE_PAYMENT = "settle_payment"
     EXPIRE_DUE = "expire_due"
     RENEW_LEASE = "renew_lease"
     DROP_LEASE = "drop_lease"
@@ -34,7 +35,7 @@ class ScriptName(StrEnum):
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
 ITEM_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
-     ScriptName.EXPIRE_DUE}
+     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE}
 )  # fmt: skip
 
 

@@ -1,12 +1,15 @@
-"""Opening the database: one async engine, tuned per backend."""
+"""Opening the database: one async engine, tuned per backend; and telling an outage apart."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
@@ -67,3 +70,31 @@ async def _admin(server_url: str, statement: str) -> None:
             await conn.execute(text(statement))
     finally:
         await admin.dispose()
+
+
+# Errors that say nothing about the entries: the server is away, busy, or chose a victim.
+_MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055}
+_PG_TRANSIENT = ("08", "40001", "40P01", "53", "57P")  # SQLSTATE classes and codes
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Is the database away or busy (True), or did it refuse what was sent (False)?
+
+    The persister retries a batch as it is on True and blames its entries on False; the API
+    answers 503 on True. A constraint failure is never transient, even where a driver files it under
+    OperationalError (MariaDB's CHECK failure, 4025): that is what entries are split for.
+    """
+    if isinstance(exc, DisconnectionError | PoolTimeout | OSError | asyncio.TimeoutError):
+        return True
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_PG_TRANSIENT)
+    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+    if isinstance(code, int):
+        return code in _MYSQL_TRANSIENT
+    # SQLite: "database is locked" and I/O trouble are OperationalErrors; constraints are not.
+    return isinstance(exc, OperationalError | InterfaceError)

@@ -1,19 +1,19 @@
 """The ledger: lands stream events in SQL, once in effect, in one transaction per batch.
 
 Counters move only through order transitions, never straight from events: an event moves an
-order forward (absent -> held -> paid | released), and the transition says how stock moves.
-Events of one order may land in any order (several persisters share a stream) and any number of
-times (redelivery): a transition happens at most once, so the inventory always equals the sum
-over orders, and states never move backwards. Across orders, one ordering matters: a unit
-released and sold again must land the release first, or `available` would dip below zero
-(which its CHECK forbids); the ledger then raises AheadOfStream and the persister waits for the
-release to land.
+order forward (absent -> held -> paid | released -> refund_required), and the transition says
+how stock moves. Events of one order may land in any order (several persisters share a stream)
+and any number of times (redelivery): a transition happens at most once, so the inventory always
+equals the sum over orders, and states never move backwards. Across orders, one ordering
+matters: a unit released and sold again must land the release first, or `available` would dip
+below zero (which its CHECK forbids); the ledger then raises AheadOfStream and the persister
+waits for the release to land.
 """
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +32,7 @@ from seckill.store.tables import (
     Item,
     Order,
     StockFlow,
+    UTCDateTime,
     datetime_to_ms,
     ms_to_datetime,
 )
@@ -45,6 +46,12 @@ TRANSITIONS: dict[tuple[str | None, EventKind], tuple[str, Moves]] = {
     (None, EventKind.RELEASED): ("released", (0, 0, 0)),
     ("held", EventKind.PAID): ("paid", (0, -1, +1)),
     ("held", EventKind.RELEASED): ("released", (+1, -1, 0)),
+    # A payment that came after the release: the money goes back, the stock is never sold.
+    # Of the release and the refund, whichever lands second moves nothing: a refund that finds
+    # the order still held moves its units back itself.
+    (None, EventKind.REFUND_REQUIRED): ("refund_required", (0, 0, 0)),
+    ("held", EventKind.REFUND_REQUIRED): ("refund_required", (+1, -1, 0)),
+    ("released", EventKind.REFUND_REQUIRED): ("refund_required", (0, 0, 0)),
 }
 # Already at or past where the event leads: nothing to do.
 NO_OPS = {
@@ -52,7 +59,10 @@ NO_OPS = {
     ("paid", EventKind.PAID),
     ("released", EventKind.RELEASED),
     ("refund_required", EventKind.RELEASED),
+    ("refund_required", EventKind.REFUND_REQUIRED),
 }
+# Statuses in which the order's stock has gone back: it has a released_at (set once).
+RELEASED_STATUSES = frozenset({"released", "refund_required"})
 
 
 def padded_position(event: StockEvent) -> str:
@@ -85,6 +95,56 @@ class NewItem:
             per_buyer_limit=self.per_buyer_limit,
             hold_ms=self.hold_seconds * 1000 if isinstance(self.hold_seconds, int) else None,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemRecord:
+    """An item as SQL records it: what buyers see, and what warming loads."""
+
+    item_id: int
+    name: str
+    price_cents: int
+    total: int
+    starts_at: datetime
+    ends_at: datetime
+    per_buyer_limit: int
+    hold_seconds: int
+
+    def sale_item(self) -> SaleItem:
+        return SaleItem(
+            item_id=self.item_id,
+            total=self.total,
+            starts_at_ms=datetime_to_ms(self.starts_at),
+            ends_at_ms=datetime_to_ms(self.ends_at),
+            per_buyer_limit=self.per_buyer_limit,
+            hold_ms=self.hold_seconds * 1000,
+        )
+
+
+def _item_record(row: Any) -> ItemRecord:
+    return ItemRecord(
+        item_id=row.id,
+        name=row.name,
+        price_cents=row.price_cents,
+        total=row.total,
+        starts_at=row.starts_at,
+        ends_at=row.ends_at,
+        per_buyer_limit=row.per_buyer_limit,
+        hold_seconds=row.hold_seconds,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LandedOrder:
+    """One order row, as landed from the stream."""
+
+    order_id: int
+    item_id: int
+    buyer: str
+    quantity: int
+    status: str
+    release_reason: str | None
+    deadline_at: datetime | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,19 +235,39 @@ class Ledger:
             )  # fmt: skip
         return item_id
 
-    async def sale_item(self, item_id: int) -> SaleItem | None:
-        """The item as the engine sells it, or None if SQL has no such item."""
+    async def item(self, item_id: int) -> ItemRecord | None:
         async with self.engine.connect() as conn:
             row = (await conn.execute(select(Item).where(Item.id == item_id))).first()
+        return None if row is None else _item_record(row)
+
+    async def items_on_sale(self, now: datetime) -> list[ItemRecord]:
+        """Items whose sale has not ended at ``now`` (on now, or still to come), by start."""
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(Item).where(Item.ends_at > now).order_by(Item.starts_at, Item.id)
+                )
+            ).all()
+        return [_item_record(row) for row in rows]
+
+    async def sale_item(self, item_id: int) -> SaleItem | None:
+        """The item as the engine sells it, or None if SQL has no such item."""
+        record = await self.item(item_id)
+        return None if record is None else record.sale_item()
+
+    async def order(self, order_id: int) -> LandedOrder | None:
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(select(Order).where(Order.id == order_id))).first()
         if row is None:
             return None
-        return SaleItem(
-            item_id=row.id,
-            total=row.total,
-            starts_at_ms=datetime_to_ms(row.starts_at),
-            ends_at_ms=datetime_to_ms(row.ends_at),
-            per_buyer_limit=row.per_buyer_limit,
-            hold_ms=row.hold_seconds * 1000,
+        return LandedOrder(
+            order_id=row.id,
+            item_id=row.item_id,
+            buyer=row.buyer,
+            quantity=row.quantity,
+            status=row.status,
+            release_reason=row.release_reason,
+            deadline_at=row.deadline_at,
         )
 
     async def stock(self, item_id: int) -> Stock | None:
@@ -212,6 +292,16 @@ class Ledger:
                 r.id: OrderRecord(r.id, r.buyer, r.quantity, r.status, r.release_reason)
                 for r in rows
             }
+
+    async def journal_kinds(self, item_id: int) -> Counter[str]:
+        """How many events of each kind the item's journal holds."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(StockFlow.event, func.count())
+                .where(StockFlow.item_id == item_id)
+                .group_by(StockFlow.event)
+            )
+            return Counter({event: int(count) for event, count in rows})
 
     async def journal_size(self, item_id: int) -> int:
         async with self.engine.connect() as conn:
@@ -377,15 +467,20 @@ class _Plan:
                 "deadline_at": ms_to_datetime(event.deadline_ms) if event.deadline_ms else None,
                 "reserved_at": at,
                 "paid_at": at if new_status == "paid" else None,
-                "released_at": at if new_status == "released" else None,
+                "released_at": at if new_status in RELEASED_STATUSES else None,
                 "updated_at": self.now,
             }
         elif event.order_id in self.inserts:  # born in this batch: amend the insert
             current.status = new_status
             row = self.inserts[event.order_id]
             row["status"] = new_status
-            row["paid_at" if new_status == "paid" else "released_at"] = at
-            row["release_reason"] = event.reason.value if event.reason else None
+            if new_status == "paid":
+                row["paid_at"] = at
+            elif row["released_at"] is None:  # released now; a refund keeps its release's time
+                row["released_at"] = at
+            row["release_reason"] = row["release_reason"] or (
+                event.reason.value if event.reason else None
+            )
         else:
             self.updates.append(
                 {
@@ -393,7 +488,7 @@ class _Plan:
                     "b_from": current.status,
                     "b_status": new_status,
                     "b_paid_at": at if new_status == "paid" else None,
-                    "b_released_at": at if new_status == "released" else None,
+                    "b_released_at": at if new_status in RELEASED_STATUSES else None,
                     "b_reason": event.reason.value if event.reason else None,
                     "b_now": self.now,
                 }
@@ -437,9 +532,15 @@ _ADVANCE_ORDER = (
     .where(and_(Order.id == bindparam("b_id"), Order.status == bindparam("b_from")))
     .values(
         status=bindparam("b_status"),
-        paid_at=bindparam("b_paid_at"),
-        released_at=bindparam("b_released_at"),
-        release_reason=bindparam("b_reason"),
+        # Set once: a refund after the release keeps the release's time and reason.
+        # (Typed parameters: inside COALESCE they would not get the column's bind processing.)
+        paid_at=func.coalesce(Order.paid_at, bindparam("b_paid_at", type_=UTCDateTime())),
+        released_at=func.coalesce(
+            Order.released_at, bindparam("b_released_at", type_=UTCDateTime())
+        ),
+        release_reason=func.coalesce(
+            Order.release_reason, bindparam("b_reason", type_=Order.release_reason.type)
+        ),
         updated_at=bindparam("b_now"),
     )
 )

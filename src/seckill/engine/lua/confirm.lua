@@ -1,14 +1,17 @@
--- confirm.lua: a payment succeeded: held -> paid.
+-- confirm.lua: a payment succeeded: held -> paid, or a refund if the hold is gone.
 --
 -- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events
 -- ARGV  1 item id  2 order id  3 now (ms; "" = Redis TIME)
 --
--- Replies:
---   paid           {paid}: held -q, sold +q, `paid` event appended
---   already_paid   {already_paid}: paid before; nothing changed
---   expired        {expired, reason}: released before the payment (the reason says why), or found
---                  past its deadline and released now as expired; never creates stock
---   unknown_order  {unknown_order}: no such hold; nothing changed
+-- Replies (decided by pay_hold, shared with settle_payment.lua):
+--   paid             {paid}: held -q, sold +q, `paid` event appended
+--   already_paid     {already_paid}: paid before; nothing changed
+--   refund_required  {refund_required, reason}: the hold was released before the payment (the
+--                    reason says why), or is found at or past its deadline and released now as
+--                    expired (`released` event). Stock never comes back: the money must. The
+--                    first time, the hold is marked refund_required and a `refund_required`
+--                    event appended; later payments change nothing
+--   unknown_order    {unknown_order}: no such hold; nothing changed
 -- Errors (nothing written):
 --   invalid_item_id, invalid_order_id, invalid_time
 
@@ -19,20 +22,4 @@ if refused then return refused end
 
 local hold = load_hold(order_id)
 if not hold then return { "unknown_order" } end
-if hold.state == "paid" then return { "already_paid" } end
-if hold.state == "released" then return { "expired", hold.reason } end
-if now >= hold.deadline_ms then
-  -- The deadline is the contract: a late payment does not revive the hold.
-  release_hold(item_id, order_id, hold, "expired", now)
-  return { "expired", "expired" }
-end
-
-local q = hold.quantity
-redis.call("HINCRBY", K.item, "held", -q)
-redis.call("HINCRBY", K.item, "sold", q)
-redis.call("ZREM", K.deadlines, order_id)
-hold.state = "paid"
-save_hold(order_id, hold)
-redis.call("XADD", K.events, "*", "event", "paid", "item_id", item_id, "order_id", order_id,
-  "buyer", hold.buyer, "quantity", q, "at_ms", now)
-return { "paid" }
+return pay_hold(item_id, order_id, hold, now)

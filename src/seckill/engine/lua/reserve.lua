@@ -1,22 +1,34 @@
 -- reserve.lua: decide one purchase, atomically.
 --
 -- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 the buyer's idempotency record
+--       7 the buyer's rate counter (read and written only when ARGV 7 sets a rate limit)
 -- ARGV  1 item id  2 buyer  3 quantity  4 order id  5 idempotency record ttl (ms)
---       6 now (ms; "" = Redis TIME)
+--       6 now (ms; "" = Redis TIME)  7 rate limit: attempts per window ("" or absent = none)
+--       8 rate window (ms)
 --
--- Replies (only a reservation writes; a rejection had no effect, so a retry is decided afresh):
+-- Rate limit: a fixed window per buyer and item that opens at the buyer's first counted attempt
+--   (a hash {start, count} with a PEXPIRE of one window, so it goes away by itself). An attempt is
+--   counted once the request is valid and is not answered from the idempotency record: a replay
+--   is always answered, and an error has written nothing. A counted attempt writes the counter
+--   even when it is then refused (sold out, limit, window): that is the one write a refusal
+--   makes. An attempt over the limit is refused before it is counted and writes nothing at all.
+--
+-- Replies (only a reservation moves stock; a rejection did not, so a retry is decided afresh):
 --   reserved            {reserved, order id, deadline ms}: available -q, held +q, buyer +q, hold
 --                       recorded and indexed by deadline, `reserved` event appended, key recorded
 --   replay              {replay, order id, deadline ms}: this key reserved before; nothing changed
 --   key_reused          {key_reused, order id, deadline ms}: this key reserved another quantity
+--   rate_limited        {rate_limited, retry after ms}: the buyer used up this window's attempts;
+--                       nothing written (the window reopens after the time given)
 --   sold_out            {sold_out}: nothing left
 --   insufficient_stock  {insufficient_stock}: some left, less than asked
 --   limit_reached       {limit_reached}: the buyer would pass the per-buyer limit
 --   not_started         {not_started}
 --   ended               {ended}
---   unknown_item        {unknown_item}: no such item loaded
+--   unknown_item        {unknown_item}: no such item loaded (not counted: there is no sale)
 -- Errors (nothing written):
 --   invalid_item_id, invalid_buyer, invalid_quantity, invalid_order_id, invalid_ttl, invalid_time
+--   invalid_rate_limit    attempts not 1 to 1000000, window not 1 ms to 30 days, or no key 7
 --   quantity_above_limit  more than the per-buyer limit in one request
 --   duplicate_order_id    the order id already names a hold of this item
 
@@ -37,6 +49,14 @@ if not ttl then return invalid("invalid_ttl", "idempotency ttl must be positive 
 local now = now_arg(ARGV[6])
 refused = bad_time(now)
 if refused then return refused end
+local rate_n, rate_ms = nil, nil
+if (ARGV[7] or "") ~= "" then
+  rate_n, rate_ms = int_arg(ARGV[7], 1, MAX_QUANTITY), int_arg(ARGV[8], 1, MAX_HOLD)
+  if not (rate_n and rate_ms and KEYS[7]) then
+    return invalid("invalid_rate_limit", "rate limit must be 1 to " .. MAX_QUANTITY
+      .. " attempts per 1 to " .. MAX_HOLD .. " ms, with the buyer's rate key")
+  end
+end
 
 local seen = redis.call("GET", KEYS[6])
 if seen then
@@ -54,6 +74,20 @@ if quantity > limit then
 end
 if redis.call("HEXISTS", K.holds, order_id) == 1 then
   return invalid("duplicate_order_id", "order " .. order_id .. " already exists")
+end
+
+-- Everything is valid from here on, so counting the attempt is safe (see the header).
+if rate_n then
+  local r = redis.call("HMGET", KEYS[7], "start", "count")
+  local start, count = tonumber(r[1]), tonumber(r[2])
+  if start and count and now >= start and now < start + rate_ms then
+    if count >= rate_n then return { "rate_limited", start + rate_ms - now } end
+    redis.call("HINCRBY", KEYS[7], "count", 1)
+  else
+    -- A new window (also when the clock stepped back before the old one's start).
+    redis.call("HSET", KEYS[7], "start", now, "count", 1)
+    redis.call("PEXPIRE", KEYS[7], rate_ms)
+  end
 end
 
 if now < starts then return { "not_started" } end
