@@ -1,0 +1,1 @@
+"""Credentials: API tokens, payment callback signatures and secrets generated on first use."""

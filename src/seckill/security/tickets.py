@@ -1,0 +1,136 @@
+"""Purchase tickets: short-lived, signed permits to buy one item as one buyer.
+
+A buyer asks for a ticket (``POST /api/v1/items/{id}/tickets``) and sends it with each purchase
+in the ``Seckill-Ticket`` header. The purchase path is then hidden behind a value that only the
+API can mint, that names its buyer and item, and that dies within seconds: a bot cannot script
+purchases ahead of the sale, nor share one ticket between accounts or items, and the place to
+put a captcha or a waiting room is the one request that issues tickets.
+
+Format (ASCII, at most ``MAX_TICKET_LEN`` characters)::
+
+    v1.<item id>.<buyer>.<expires at>.<mac>
+
+- ``item id``: decimal, no leading zeros.
+- ``buyer``: the buyer id as unpadded base64url (buyer ids may contain dots).
+- ``expires at``: Unix time in milliseconds, decimal; the ticket is valid while now < it.
+- ``mac``: lowercase hex HMAC-SHA256, keyed with the ticket secret, of everything before the
+  last dot (``v1.<item id>.<buyer>.<expires at>``).
+
+Checking a ticket needs only the key: no Redis round trip, no state. The MAC is compared in
+constant time, before any field is trusted. A ticket is not spent by a purchase: it may be sent
+with several attempts (retries, a larger quantity after a refusal) until it expires; the
+``Idempotency-Key`` still makes each purchase happen once. Expiry is read from the checking
+process's clock: API hosts whose clocks differ shift a ticket's life by that difference, which
+NTP keeps far below a ticket's lifetime.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass
+
+from seckill.config import Settings
+from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
+from seckill.security.generated import generated_secret
+
+TICKET_HEADER = "Seckill-Ticket"
+VERSION = "v1"
+# The longest well-formed ticket is about 190 characters (a 64-character buyer); anything much
+# longer is refused before any work is done on it.
+MAX_TICKET_LEN = 256
+# As for HS256 JWTs (RFC 7518 §3.2): a key at least as long as the hash output.
+MIN_KEY_BYTES = 32
+
+_ITEM = re.compile(r"[1-9][0-9]{0,18}")
+_BUYER = re.compile(r"[A-Za-z0-9_-]{2,88}")
+_EXPIRES = re.compile(r"[0-9]{1,15}")
+_MAC = re.compile(r"[0-9a-f]{64}")
+
+
+class BadTicket(Exception):
+    """The ticket is missing, malformed, forged, expired, or for another buyer or item. The
+    message says which in a few words, safe to show the caller."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ticket:
+    """What a valid ticket says."""
+
+    item_id: int
+    buyer: str
+    expires_at_ms: int
+
+
+class TicketCodec:
+    """Mints and checks tickets with one HMAC key."""
+
+    def __init__(self, secret: str | bytes) -> None:
+        """Raises ``ValueError`` for a key shorter than ``MIN_KEY_BYTES``."""
+        key = secret.encode() if isinstance(secret, str) else secret
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"the ticket secret needs at least {MIN_KEY_BYTES} bytes")
+        self._key = key
+
+    def mint(self, *, item_id: int, buyer: str, expires_at_ms: int) -> str:
+        """The ticket text. Raises ``ValueError`` for values a check would refuse to read."""
+        if isinstance(item_id, bool) or not 1 <= item_id <= MAX_ID:
+            raise ValueError(f"item id must be from 1 to {MAX_ID}")
+        if not 1 <= len(buyer.encode()) <= MAX_BUYER_LEN:
+            raise ValueError(f"buyer id must be 1 to {MAX_BUYER_LEN} bytes")
+        if not 0 <= expires_at_ms < 10**15:
+            raise ValueError("expires_at_ms must be Unix milliseconds")
+        encoded = base64.urlsafe_b64encode(buyer.encode()).rstrip(b"=").decode()
+        payload = f"{VERSION}.{item_id}.{encoded}.{expires_at_ms}"
+        return f"{payload}.{self._mac(payload)}"
+
+    def read(self, text: str | None) -> Ticket:
+        """What an authentic ticket says, expired or not. ``BadTicket`` for anything else, and
+        nothing else is ever raised, whatever ``text`` holds."""
+        if not text:
+            raise BadTicket(f"a purchase needs a ticket in the {TICKET_HEADER} header")
+        if not isinstance(text, str) or len(text) > MAX_TICKET_LEN:
+            raise BadTicket("malformed ticket")
+        payload, _, mac = text.rpartition(".")
+        # The MAC first: nothing in a ticket is looked at before we know we wrote it. The regex
+        # keeps non-ASCII text away from compare_digest, which refuses it with TypeError.
+        if not _MAC.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(payload)):
+            raise BadTicket("ticket signature does not match")
+        parts = payload.split(".")
+        # Authentic, so these hold unless the key signed something else; checked all the same.
+        if len(parts) != 4 or parts[0] != VERSION:
+            raise BadTicket("malformed ticket")
+        _, item, buyer, expires = parts
+        if not (_ITEM.fullmatch(item) and _BUYER.fullmatch(buyer) and _EXPIRES.fullmatch(expires)):
+            raise BadTicket("malformed ticket")
+        try:
+            name = base64.urlsafe_b64decode(buyer + "=" * (-len(buyer) % 4)).decode()
+        except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+            raise BadTicket("malformed ticket") from None
+        return Ticket(item_id=int(item), buyer=name, expires_at_ms=int(expires))
+
+    def check(self, text: str | None, *, item_id: int, buyer: str, now_ms: int) -> Ticket:
+        """The ticket, if it is authentic, unexpired at ``now_ms``, and for this buyer and
+        item; ``BadTicket`` otherwise (and nothing else)."""
+        ticket = self.read(text)
+        if ticket.buyer != buyer:
+            raise BadTicket("the ticket is for another buyer")
+        if ticket.item_id != item_id:
+            raise BadTicket("the ticket is for another item")
+        if now_ms >= ticket.expires_at_ms:
+            raise BadTicket("the ticket has expired: ask for a new one")
+        return ticket
+
+    def _mac(self, payload: str) -> str:
+        # surrogatepass: header text is Latin-1 decoded by the server, but a caller of read()
+        # may pass any str, lone surrogates included; encoding must not raise.
+        data = payload.encode("utf-8", "surrogatepass")
+        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+
+
+def ticket_secret(settings: Settings) -> bytes:
+    """The ticket HMAC key: configured, or generated once into the data directory."""
+    return (settings.ticket_secret or generated_secret(settings.data_dir, "ticket")).encode()

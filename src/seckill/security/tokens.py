@@ -1,0 +1,266 @@
+"""API tokens: JWTs naming who calls (``sub``) and as what (``role``).
+
+One algorithm per deployment, pinned: HS256 with a shared secret, or RS256 where only the
+issuer holds the private key and the API holds the public one. A token that names any other
+algorithm is refused before its signature is looked at, which closes both ``alg: none`` and the
+key-confusion attack (an HS256 token "signed" with the RS256 public key).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric.rsa import RSAPrivateKey, RSAPublicKey
+from cryptography.hazmat.primitives.serialization import load_pem_private_key, load_pem_public_key
+from jwt.exceptions import InvalidSubjectError
+from jwt.types import Options
+
+from seckill.config import Settings
+from seckill.domain.outcomes import InvalidRequest
+from seckill.domain.rules import check_buyer
+from seckill.security.generated import generated_secret
+
+Algorithm = Literal["HS256", "RS256"]
+
+# Tolerated clock difference between the host that minted a token and the host checking it
+# (RS256 tokens may come from another service). Small next to any token lifetime.
+LEEWAY_SECONDS = 5
+# RFC 7518 §3.2: an HS256 key must be at least as long as the hash output.
+MIN_HMAC_KEY_BYTES = 32
+MIN_RSA_KEY_BITS = 2048
+
+_REQUIRED_CLAIMS = ["sub", "role", "iss", "aud", "iat", "exp"]
+_DECODE_OPTIONS: Options = {
+    "require": _REQUIRED_CLAIMS,
+    # Times are checked below against the caller's clock (PyJWT only reads the system clock),
+    # so there is one path for production and tests.
+    "verify_exp": False,
+    "verify_iat": False,
+    "verify_nbf": False,
+}
+
+
+class Role(StrEnum):
+    """What a token's holder may do."""
+
+    BUYER = "buyer"
+    ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """The verified caller: who (``subject``) and as what (``role``)."""
+
+    subject: str
+    role: Role
+
+
+class InvalidToken(Exception):
+    """The token is refused; the message says why in a few words, safe to show the caller."""
+
+
+class TokenCodec:
+    """Mints and verifies tokens with one pinned algorithm, issuer and audience."""
+
+    def __init__(
+        self,
+        *,
+        algorithm: Algorithm,
+        signing_key: str | bytes | None,
+        verify_key: str | bytes,
+        issuer: str,
+        audience: str,
+    ) -> None:
+        """Keys are an HS256 secret (both the same), or RS256 private and public PEM.
+
+        ``signing_key=None`` makes a codec that can only verify. Raises ``ValueError`` for a
+        key that does not fit the algorithm, is too short, or does not pair with the other.
+        """
+        if not issuer or not audience:
+            raise ValueError("issuer and audience must not be empty")
+        self.algorithm: Algorithm = algorithm
+        self.issuer = issuer
+        self.audience = audience
+        self._signing_key: bytes | RSAPrivateKey | None
+        self._verify_key: bytes | RSAPublicKey
+        if algorithm == "HS256":
+            secret = _bytes(verify_key)
+            if len(secret) < MIN_HMAC_KEY_BYTES:
+                raise ValueError(f"an HS256 secret needs at least {MIN_HMAC_KEY_BYTES} bytes")
+            if signing_key is not None and _bytes(signing_key) != secret:
+                raise ValueError("HS256 signs and verifies with one secret; these two differ")
+            self._signing_key = None if signing_key is None else secret
+            self._verify_key = secret
+        elif algorithm == "RS256":
+            public = _rsa_public_key(verify_key)
+            self._verify_key = public
+            self._signing_key = None
+            if signing_key is not None:
+                private = _rsa_private_key(signing_key)
+                if private.public_key().public_numbers() != public.public_numbers():
+                    raise ValueError("the RS256 private key does not pair with the public key")
+                self._signing_key = private
+        else:
+            raise ValueError(f"unsupported algorithm {algorithm!r}; use HS256 or RS256")
+
+    @property
+    def can_mint(self) -> bool:
+        """Whether this codec holds a signing key."""
+        return self._signing_key is not None
+
+    def mint(self, subject: str, role: Role, *, ttl_seconds: int, now: float | None = None) -> str:
+        """A token for ``subject`` as ``role``, valid for ``ttl_seconds`` from ``now``.
+
+        Raises ``ValueError`` for a subject ``verify`` would refuse, and when the codec has no
+        signing key.
+        """
+        if self._signing_key is None:
+            if self.algorithm == "RS256":
+                raise ValueError(
+                    "this codec only verifies tokens: minting RS256 tokens needs the private "
+                    "key (set SECKILL_JWT_PRIVATE_KEY_FILE)"
+                )
+            raise ValueError("this codec only verifies tokens: it has no signing key")
+        if ttl_seconds < 1:
+            raise ValueError("ttl_seconds must be at least 1")
+        role = Role(role)
+        problem = _subject_problem(subject, role)
+        if problem:
+            raise ValueError(f"cannot mint a token: {problem}")
+        issued = int(time.time() if now is None else now)
+        claims = {
+            "sub": subject,
+            "role": role.value,
+            "iss": self.issuer,
+            "aud": self.audience,
+            "iat": issued,
+            "exp": issued + ttl_seconds,
+        }
+        return jwt.encode(claims, self._signing_key, algorithm=self.algorithm)
+
+    def verify(self, token: str, *, now: float | None = None) -> Identity:
+        """The identity a valid token names; ``InvalidToken`` for anything else."""
+        try:
+            claims = jwt.decode(
+                token,
+                self._verify_key,
+                algorithms=[self.algorithm],
+                issuer=self.issuer,
+                audience=self.audience,
+                options=_DECODE_OPTIONS,
+            )
+        except jwt.InvalidAlgorithmError:
+            raise InvalidToken(f"token is not signed with {self.algorithm}") from None
+        except jwt.InvalidSignatureError:
+            raise InvalidToken("token signature does not match") from None
+        except jwt.InvalidIssuerError:
+            raise InvalidToken("wrong issuer") from None
+        except jwt.InvalidAudienceError:
+            raise InvalidToken("wrong audience") from None
+        except jwt.MissingRequiredClaimError as error:
+            raise InvalidToken(f"token has no {error.claim} claim") from None
+        except InvalidSubjectError:
+            raise InvalidToken("token subject must be a string") from None
+        except jwt.DecodeError:
+            raise InvalidToken("malformed token") from None
+        except jwt.PyJWTError:
+            raise InvalidToken("invalid token") from None
+        _check_times(claims, time.time() if now is None else now)
+        try:
+            role = Role(claims["role"])
+        except (ValueError, TypeError):
+            raise InvalidToken("unknown role") from None
+        subject = claims["sub"]
+        problem = _subject_problem(subject, role)
+        if problem:
+            raise InvalidToken(f"bad subject: {problem}")
+        return Identity(subject=subject, role=role)
+
+
+def token_codec(settings: Settings) -> TokenCodec:
+    """The codec the settings describe (HS256 secret generated into the data dir if unset)."""
+    if settings.jwt_algorithm == "HS256":
+        secret = settings.jwt_secret or generated_secret(settings.data_dir, "jwt")
+        return TokenCodec(
+            algorithm="HS256",
+            signing_key=secret,
+            verify_key=secret,
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+        )
+    if settings.jwt_public_key_file is None:
+        raise ValueError("RS256 needs SECKILL_JWT_PUBLIC_KEY_FILE (a PEM public key)")
+    private_file = settings.jwt_private_key_file
+    return TokenCodec(
+        algorithm="RS256",
+        signing_key=None if private_file is None else private_file.read_bytes(),
+        verify_key=settings.jwt_public_key_file.read_bytes(),
+        issuer=settings.jwt_issuer,
+        audience=settings.jwt_audience,
+    )
+
+
+def _subject_problem(subject: Any, role: Role) -> str | None:
+    if role is Role.BUYER:
+        # The subject becomes the buyer id in Redis keys and SQL rows: the same rule as there.
+        try:
+            check_buyer(subject)
+        except InvalidRequest as error:
+            return error.message
+        return None
+    if not isinstance(subject, str) or not subject or not subject.isprintable():
+        # It ends up in logs and audit rows: no empty names, no control characters.
+        return "admin subject must be a non-empty printable string"
+    return None
+
+
+def _check_times(claims: dict[str, Any], now: float) -> None:
+    exp, iat = claims["exp"], claims["iat"]
+    if not (_is_time(exp) and _is_time(iat)):
+        raise InvalidToken("token times must be numbers")
+    if exp <= now - LEEWAY_SECONDS:
+        raise InvalidToken("token expired")
+    if iat > now + LEEWAY_SECONDS:
+        raise InvalidToken("token issued in the future")
+    nbf = claims.get("nbf")
+    if nbf is not None and (not _is_time(nbf) or nbf > now + LEEWAY_SECONDS):
+        raise InvalidToken("token not valid yet")
+
+
+def _is_time(value: Any) -> bool:
+    # bool is an int subclass; json reads 1e400 as inf (ints of any size compare fine).
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+
+
+def _bytes(key: str | bytes) -> bytes:
+    return key.encode() if isinstance(key, str) else key
+
+
+def _rsa_public_key(pem: str | bytes) -> RSAPublicKey:
+    try:
+        key = load_pem_public_key(_bytes(pem))
+    except ValueError as error:
+        raise ValueError(f"the RS256 verify key is not a PEM public key: {error}") from None
+    if not isinstance(key, RSAPublicKey):
+        raise ValueError("the RS256 verify key is not an RSA key")
+    if key.key_size < MIN_RSA_KEY_BITS:
+        raise ValueError(f"an RS256 key needs at least {MIN_RSA_KEY_BITS} bits")
+    return key
+
+
+def _rsa_private_key(pem: str | bytes) -> RSAPrivateKey:
+    try:
+        key = load_pem_private_key(_bytes(pem), password=None)
+    except (ValueError, TypeError) as error:
+        # TypeError: the PEM is encrypted; we take no passphrase.
+        raise ValueError(f"the RS256 signing key is not an unencrypted PEM key: {error}") from None
+    if not isinstance(key, RSAPrivateKey):
+        raise ValueError("the RS256 signing key is not an RSA key")
+    return key

@@ -1,0 +1,561 @@
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import multiprocessing
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from seckill.config import Settings
+from seckill.security.generated import generated_secret
+from seckill.security.signatures import (
+    SIGNATURE_HEADER,
+    BadSignature,
+    payment_secret,
+    sign,
+    verify_signature,
+)
+from seckill.security.tokens import (
+    LEEWAY_SECONDS,
+    Identity,
+    InvalidToken,
+    Role,
+    TokenCodec,
+    token_codec,
+)
+
+NOW = 1_700_000_000
+SECRET = "s" * 32
+ISSUER = "seckill"
+AUDIENCE = "seckill-api"
+
+
+def _hs256(secret: str = SECRET, **overrides: Any) -> TokenCodec:
+    arguments: dict[str, Any] = {
+        "algorithm": "HS256",
+        "signing_key": secret,
+        "verify_key": secret,
+        "issuer": ISSUER,
+        "audience": AUDIENCE,
+    }
+    return TokenCodec(**(arguments | overrides))
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _claims(**overrides: Any) -> dict[str, Any]:
+    claims = {
+        "sub": "alice",
+        "role": "buyer",
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "iat": NOW,
+        "exp": NOW + 60,
+    }
+    claims.update(overrides)
+    return {name: value for name, value in claims.items() if value is not None}
+
+
+def _hand_made(header: dict[str, Any], claims: dict[str, Any], sign_with: bytes | None) -> str:
+    signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
+    if sign_with is None:
+        return signing_input + "."
+    digest = hmac.new(sign_with, signing_input.encode(), hashlib.sha256).digest()
+    return f"{signing_input}.{_b64(digest)}"
+
+
+class RsaPair:
+    def __init__(self, bits: int = 2048) -> None:
+        key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
+        self.private_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        self.public_pem = key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+
+    def codec(self, *, can_mint: bool = True) -> TokenCodec:
+        return TokenCodec(
+            algorithm="RS256",
+            signing_key=self.private_pem if can_mint else None,
+            verify_key=self.public_pem,
+            issuer=ISSUER,
+            audience=AUDIENCE,
+        )
+
+
+@pytest.fixture(scope="module")
+def rsa_pair() -> RsaPair:
+    return RsaPair()
+
+
+@pytest.fixture(scope="module")
+def other_rsa_pair() -> RsaPair:
+    return RsaPair()
+
+
+# --- tokens: what passes ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("role", list(Role))
+def test_hs256_round_trip(role: Role) -> None:
+    codec = _hs256()
+    token = codec.mint("alice", role, ttl_seconds=60, now=NOW)
+    assert codec.verify(token, now=NOW + 1) == Identity(subject="alice", role=role)
+
+
+@pytest.mark.parametrize("role", list(Role))
+def test_rs256_round_trip(rsa_pair: RsaPair, role: Role) -> None:
+    token = rsa_pair.codec().mint("alice", role, ttl_seconds=60, now=NOW)
+    # Only the public key is needed to check it.
+    assert rsa_pair.codec(can_mint=False).verify(token, now=NOW + 1) == Identity("alice", role)
+
+
+def test_tokens_carry_the_documented_claims() -> None:
+    token = _hs256().mint("alice", Role.ADMIN, ttl_seconds=90, now=NOW + 0.9)
+    assert jwt.get_unverified_header(token)["alg"] == "HS256"
+    assert jwt.decode(token, options={"verify_signature": False}) == _claims(
+        role="admin", exp=NOW + 90
+    )
+
+
+def test_verify_without_now_uses_the_clock() -> None:
+    codec = _hs256()
+    assert codec.verify(codec.mint("alice", Role.BUYER, ttl_seconds=60)).subject == "alice"
+
+
+def test_expiry_allows_the_leeway_and_no_more() -> None:
+    codec = _hs256()
+    token = codec.mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    assert codec.verify(token, now=NOW + 60 + LEEWAY_SECONDS - 1).subject == "alice"
+    with pytest.raises(InvalidToken, match="token expired"):
+        codec.verify(token, now=NOW + 60 + LEEWAY_SECONDS)
+
+
+# --- tokens: what is refused -----------------------------------------------------------------
+
+
+def test_expired_token_is_refused() -> None:
+    codec = _hs256()
+    with pytest.raises(InvalidToken, match="token expired"):
+        codec.verify(codec.mint("alice", Role.BUYER, ttl_seconds=60, now=NOW), now=NOW + 3600)
+
+
+def test_token_from_the_future_is_refused() -> None:
+    codec = _hs256()
+    with pytest.raises(InvalidToken, match="issued in the future"):
+        codec.verify(codec.mint("alice", Role.BUYER, ttl_seconds=60, now=NOW + 600), now=NOW)
+
+
+def test_wrong_issuer_is_refused() -> None:
+    token = _hs256(issuer="someone-else").mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    with pytest.raises(InvalidToken, match="wrong issuer"):
+        _hs256().verify(token, now=NOW)
+
+
+def test_wrong_audience_is_refused() -> None:
+    token = _hs256(audience="another-api").mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    with pytest.raises(InvalidToken, match="wrong audience"):
+        _hs256().verify(token, now=NOW)
+
+
+def test_token_signed_with_another_secret_is_refused() -> None:
+    token = _hs256("t" * 32).mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    with pytest.raises(InvalidToken, match="signature does not match"):
+        _hs256().verify(token, now=NOW)
+
+
+def test_token_signed_with_another_rsa_key_is_refused(
+    rsa_pair: RsaPair, other_rsa_pair: RsaPair
+) -> None:
+    token = other_rsa_pair.codec().mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    with pytest.raises(InvalidToken, match="signature does not match"):
+        rsa_pair.codec().verify(token, now=NOW)
+
+
+@pytest.mark.parametrize("alg", ["none", "None", "NONE"])
+def test_unsigned_token_is_refused(rsa_pair: RsaPair, alg: str) -> None:
+    token = _hand_made({"alg": alg, "typ": "JWT"}, _claims(), sign_with=None)
+    for codec in (_hs256(), rsa_pair.codec()):
+        with pytest.raises(InvalidToken, match=f"not signed with {codec.algorithm}"):
+            codec.verify(token, now=NOW)
+
+
+def test_hs256_token_is_refused_by_an_rs256_codec(rsa_pair: RsaPair) -> None:
+    token = _hs256().mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    with pytest.raises(InvalidToken, match="token is not signed with RS256"):
+        rsa_pair.codec().verify(token, now=NOW)
+
+
+def test_rs256_token_is_refused_by_an_hs256_codec(rsa_pair: RsaPair) -> None:
+    token = rsa_pair.codec().mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    with pytest.raises(InvalidToken, match="token is not signed with HS256"):
+        _hs256().verify(token, now=NOW)
+
+
+def test_key_confusion_attack_is_refused(rsa_pair: RsaPair) -> None:
+    # The attacker knows the public key and uses it as an HMAC secret: a verifier that picks
+    # the algorithm from the token header would check this HMAC with that same public key.
+    forged = _hand_made(
+        {"alg": "HS256", "typ": "JWT"}, _claims(role="admin"), sign_with=rsa_pair.public_pem
+    )
+    # The forgery is sound as an HMAC: only the pinned algorithm stops it.
+    signing_input, _, signature = forged.rpartition(".")
+    expected = hmac.new(rsa_pair.public_pem, signing_input.encode(), hashlib.sha256).digest()
+    assert _b64(expected) == signature
+    with pytest.raises(InvalidToken, match="token is not signed with RS256"):
+        rsa_pair.codec(can_mint=False).verify(forged, now=NOW)
+
+
+@pytest.mark.parametrize(
+    ("claims", "message"),
+    [
+        (_claims(sub=None), "no sub claim"),
+        (_claims(role=None), "no role claim"),
+        (_claims(exp=None), "no exp claim"),
+        (_claims(iat=None), "no iat claim"),
+        (_claims(iss=None), "no iss claim"),
+        (_claims(aud=None), "no aud claim"),
+        (_claims(exp=NOW - 60), "token expired"),
+        (_claims(exp="tomorrow"), "token times must be numbers"),
+        (_claims(exp=True), "token times must be numbers"),
+        (_claims(nbf=NOW + 600), "token not valid yet"),
+        (_claims(role="superuser"), "unknown role"),
+        (_claims(role=["admin"]), "unknown role"),
+        (_claims(sub="alice bob"), "bad subject: buyer id must be"),
+        (_claims(sub=""), "no sub claim|bad subject"),
+        (_claims(sub="x" * 65), "bad subject: buyer id must be"),
+        (_claims(sub="ålice"), "bad subject: buyer id must be"),
+        (_claims(sub=42), "subject must be a string"),
+        (_claims(sub="root\n", role="admin"), "bad subject: admin subject"),
+    ],
+)
+def test_bad_claims_are_refused(claims: dict[str, Any], message: str) -> None:
+    token = _hand_made({"alg": "HS256", "typ": "JWT"}, claims, sign_with=SECRET.encode())
+    with pytest.raises(InvalidToken, match=message):
+        _hs256().verify(token, now=NOW)
+
+
+@pytest.mark.parametrize(
+    "token", ["", "abc", "a.b.c", "a.b", "....", "eyJhbGciOiJIUzI1NiJ9.e30.", "\x00"]
+)
+def test_garbage_is_refused(token: str) -> None:
+    with pytest.raises(InvalidToken):
+        _hs256().verify(token, now=NOW)
+
+
+@given(token=st.text() | st.lists(st.text(), min_size=3, max_size=3).map(".".join))
+def test_verify_raises_only_invalid_token(token: str) -> None:
+    with pytest.raises(InvalidToken):
+        _hs256().verify(token, now=NOW)
+
+
+# --- tokens: construction --------------------------------------------------------------------
+
+
+def test_mint_refuses_a_subject_verify_would_refuse() -> None:
+    with pytest.raises(ValueError, match="buyer id must be"):
+        _hs256().mint("alice bob", Role.BUYER, ttl_seconds=60)
+    with pytest.raises(ValueError, match="ttl_seconds"):
+        _hs256().mint("alice", Role.BUYER, ttl_seconds=0)
+
+
+def test_verify_only_rs256_codec_cannot_mint(rsa_pair: RsaPair) -> None:
+    codec = rsa_pair.codec(can_mint=False)
+    assert not codec.can_mint
+    with pytest.raises(ValueError, match="SECKILL_JWT_PRIVATE_KEY_FILE"):
+        codec.mint("alice", Role.BUYER, ttl_seconds=60)
+
+
+def test_unusable_keys_are_refused_at_construction(
+    rsa_pair: RsaPair, other_rsa_pair: RsaPair
+) -> None:
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        _hs256("short")
+    with pytest.raises(ValueError, match="differ"):
+        _hs256(signing_key="t" * 32)
+    with pytest.raises(ValueError, match="not a PEM public key"):
+        TokenCodec(
+            algorithm="RS256",
+            signing_key=None,
+            verify_key=SECRET,
+            issuer=ISSUER,
+            audience=AUDIENCE,
+        )
+    with pytest.raises(ValueError, match="does not pair"):
+        TokenCodec(
+            algorithm="RS256",
+            signing_key=other_rsa_pair.private_pem,
+            verify_key=rsa_pair.public_pem,
+            issuer=ISSUER,
+            audience=AUDIENCE,
+        )
+    small = RsaPair(bits=1024)
+    with pytest.raises(ValueError, match="at least 2048 bits"):
+        small.codec()
+
+
+def _settings(tmp_path: Path, **overrides: Any) -> Settings:
+    # Explicit values win over SECKILL_* variables a developer may have exported.
+    defaults: dict[str, Any] = {
+        "data_dir": tmp_path,
+        "jwt_algorithm": "HS256",
+        "jwt_secret": "",
+        "jwt_private_key_file": None,
+        "jwt_public_key_file": None,
+        "payment_secret": "",
+    }
+    return Settings(**(defaults | overrides))
+
+
+def test_token_codecs_built_twice_agree_on_the_generated_secret(tmp_path: Path) -> None:
+    first, second = token_codec(_settings(tmp_path)), token_codec(_settings(tmp_path))
+    assert second.verify(first.mint("alice", Role.BUYER, ttl_seconds=60)).subject == "alice"
+    assert first.verify(second.mint("bob", Role.ADMIN, ttl_seconds=60)).role is Role.ADMIN
+    assert (tmp_path / "secrets" / "jwt").is_file()
+
+
+def test_token_codec_uses_the_configured_secret(tmp_path: Path) -> None:
+    token = token_codec(_settings(tmp_path, jwt_secret=SECRET)).mint(
+        "alice", Role.BUYER, ttl_seconds=60, now=NOW
+    )
+    assert _hs256().verify(token, now=NOW).subject == "alice"
+    assert not (tmp_path / "secrets").exists()
+
+
+def test_token_codec_for_rs256_reads_the_key_files(tmp_path: Path, rsa_pair: RsaPair) -> None:
+    public, private = tmp_path / "public.pem", tmp_path / "private.pem"
+    public.write_bytes(rsa_pair.public_pem)
+    private.write_bytes(rsa_pair.private_pem)
+    minter = token_codec(
+        _settings(
+            tmp_path,
+            jwt_algorithm="RS256",
+            jwt_private_key_file=private,
+            jwt_public_key_file=public,
+        )
+    )
+    checker = token_codec(_settings(tmp_path, jwt_algorithm="RS256", jwt_public_key_file=public))
+    token = minter.mint("alice", Role.BUYER, ttl_seconds=60)
+    assert checker.verify(token) == Identity("alice", Role.BUYER)
+    with pytest.raises(ValueError, match="SECKILL_JWT_PRIVATE_KEY_FILE"):
+        checker.mint("alice", Role.BUYER, ttl_seconds=60)
+    with pytest.raises(ValueError, match="SECKILL_JWT_PUBLIC_KEY_FILE"):
+        token_codec(_settings(tmp_path, jwt_algorithm="RS256", jwt_private_key_file=private))
+
+
+# --- payment callback signatures -------------------------------------------------------------
+
+BODY = b'{"order_id": 42, "status": "paid"}'
+PAY_SECRET = b"whsec-test"
+
+
+def _verify(header: str | None, *, body: bytes = BODY, now: float = NOW) -> int:
+    return verify_signature(PAY_SECRET, body, header, now=now, tolerance_seconds=300)
+
+
+def test_signature_round_trip() -> None:
+    header = sign(PAY_SECRET, BODY, timestamp=NOW)
+    assert header.startswith(f"t={NOW},v1=")
+    assert _verify(header) == NOW
+    assert SIGNATURE_HEADER == "Seckill-Signature"
+
+
+def test_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
+    # Written out independently: this is the contract the payment provider implements.
+    digest = hmac.new(PAY_SECRET, f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
+    assert sign(PAY_SECRET.decode(), BODY, timestamp=NOW) == f"t={NOW},v1={digest}"
+
+
+def test_any_of_several_digests_may_match() -> None:
+    old = sign(b"old-secret", BODY, timestamp=NOW).split(",")[1]
+    new = sign(PAY_SECRET, BODY, timestamp=NOW).split(",")[1]
+    assert _verify(f"t={NOW},{old},{new}") == NOW
+    assert _verify(f"t={NOW}, {new.upper().replace('V1=', 'v1=')} ,{old}") == NOW
+    assert _verify(f"v0=legacy,t={NOW},{new}") == NOW
+
+
+def test_body_changed_by_one_byte_is_refused() -> None:
+    header = sign(PAY_SECRET, BODY, timestamp=NOW)
+    tampered = BODY.replace(b"42", b"43")
+    assert len(tampered) == len(BODY)
+    with pytest.raises(BadSignature, match="signature does not match"):
+        _verify(header, body=tampered)
+
+
+def test_wrong_secret_is_refused() -> None:
+    with pytest.raises(BadSignature, match="signature does not match"):
+        _verify(sign(b"another-secret", BODY, timestamp=NOW))
+
+
+def test_timestamp_is_part_of_what_is_signed() -> None:
+    digest = sign(PAY_SECRET, BODY, timestamp=NOW).split(",v1=")[1]
+    with pytest.raises(BadSignature, match="signature does not match"):
+        _verify(f"t={NOW + 1},v1={digest}")
+
+
+@pytest.mark.parametrize("offset", [-301, 301, -(10**6), 10**6])
+def test_timestamp_outside_the_window_is_refused(offset: int) -> None:
+    header = sign(PAY_SECRET, BODY, timestamp=NOW + offset)
+    with pytest.raises(BadSignature, match="signature timestamp outside the 300 s window"):
+        _verify(header)
+
+
+@pytest.mark.parametrize("offset", [-300, 300])
+def test_timestamp_at_the_window_edge_passes(offset: int) -> None:
+    assert _verify(sign(PAY_SECRET, BODY, timestamp=NOW + offset)) == NOW + offset
+
+
+@pytest.mark.parametrize("header", [None, ""])
+def test_missing_signature_is_refused(header: str | None) -> None:
+    with pytest.raises(BadSignature, match="missing signature"):
+        _verify(header)
+
+
+GOOD_DIGEST = sign(PAY_SECRET, BODY, timestamp=NOW).split(",v1=")[1]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        f"v1={GOOD_DIGEST}",  # no t=
+        f"t={NOW}",  # no v1=
+        f"t=soon,v1={GOOD_DIGEST}",
+        f"t=-{NOW},v1={GOOD_DIGEST}",
+        f"t=1e9,v1={GOOD_DIGEST}",
+        f"t=²,v1={GOOD_DIGEST}",
+        f"t=,v1={GOOD_DIGEST}",
+        f"t={NOW},t={NOW},v1={GOOD_DIGEST}",
+        f"t={'9' * 5000},v1={GOOD_DIGEST}",
+        f"t={NOW},v1=",
+        f"t={NOW},v1=abc",
+        f"t={NOW},v1={'é' * 64}",  # compare_digest would raise TypeError on this
+        f"t={NOW},v1={GOOD_DIGEST},v1=zz",
+        f"t={NOW};v1={GOOD_DIGEST}",
+        "garbage",
+        ",",
+        " ",
+    ],
+)
+def test_malformed_header_is_refused(header: str) -> None:
+    with pytest.raises(BadSignature, match="malformed signature header"):
+        _verify(header)
+
+
+_header_parts = st.tuples(
+    st.sampled_from(["t", "v1", "v0", "", " t", "T"]),
+    st.sampled_from(["=", "", "=="]),
+    st.text() | st.integers().map(str) | st.just(GOOD_DIGEST),
+).map("".join)
+
+
+@given(header=st.text() | st.lists(_header_parts, max_size=5).map(",".join))
+def test_verify_signature_returns_or_raises_bad_signature(header: str) -> None:
+    try:
+        timestamp = _verify(header)
+    except BadSignature:
+        return
+    assert timestamp == NOW  # only a genuine signature gets through
+
+
+def test_empty_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        sign(b"", BODY, timestamp=NOW)
+    with pytest.raises(ValueError, match="empty"):
+        verify_signature("", BODY, "t=1,v1=00", now=NOW, tolerance_seconds=300)
+
+
+def test_payment_secret_is_configured_or_generated_once(tmp_path: Path) -> None:
+    assert payment_secret(_settings(tmp_path, payment_secret="configured")) == b"configured"
+    generated = payment_secret(_settings(tmp_path))
+    assert generated == payment_secret(_settings(tmp_path))
+    assert generated == (tmp_path / "secrets" / "payment").read_text().strip().encode()
+    assert len(generated) >= 43  # 32 random bytes, base64
+
+
+# --- generated secrets -----------------------------------------------------------------------
+
+
+def test_generated_secret_is_stable_and_private(tmp_path: Path) -> None:
+    data_dir = tmp_path / "fresh" / "data"
+    first = generated_secret(data_dir, "jwt")
+    assert generated_secret(data_dir, "jwt") == first
+    assert generated_secret(data_dir, "payment") != first
+    path = data_dir / "secrets" / "jwt"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert sorted(p.name for p in path.parent.iterdir()) == ["jwt", "payment"]
+
+
+def test_generated_secret_reads_an_existing_file_stripped(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "jwt").write_text("  hand-written secret\n")
+    assert generated_secret(tmp_path, "jwt") == "hand-written secret"
+
+
+def test_empty_secret_file_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "jwt").write_text(" \n")
+    with pytest.raises(ValueError, match="is empty"):
+        generated_secret(tmp_path, "jwt")
+
+
+@pytest.mark.parametrize("name", ["", "../jwt", "a/b", ".hidden", "JWT"])
+def test_secret_names_cannot_leave_the_directory(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="secret name"):
+        generated_secret(tmp_path, name)
+
+
+def test_loser_of_the_creation_race_reads_the_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another process writes the file after our existence check and before our link.
+    real_link: Callable[..., None] = os.link
+
+    def link_after_a_rival(source: str, destination: Path) -> None:
+        Path(destination).write_text("the winner's secret\n")
+        real_link(source, destination)
+
+    monkeypatch.setattr(os, "link", link_after_a_rival)
+    assert generated_secret(tmp_path, "jwt") == "the winner's secret"
+    assert [p.name for p in (tmp_path / "secrets").iterdir()] == ["jwt"]  # no temp file left
+
+
+def _race(data_dir: Path, barrier: Any, results: Any) -> None:
+    barrier.wait()
+    results.put(generated_secret(data_dir, "jwt"))
+
+
+def test_processes_racing_on_a_fresh_directory_agree(tmp_path: Path) -> None:
+    context = multiprocessing.get_context("spawn")
+    racers = 6
+    barrier, results = context.Barrier(racers), context.Queue()
+    processes = [
+        context.Process(target=_race, args=(tmp_path / "data", barrier, results))
+        for _ in range(racers)
+    ]
+    for process in processes:
+        process.start()
+    values = [results.get(timeout=60) for _ in processes]
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode == 0
+    assert len(set(values)) == 1
+    assert values[0] == generated_secret(tmp_path / "data", "jwt")
+    assert [p.name for p in (tmp_path / "data" / "secrets").iterdir()] == ["jwt"]
