@@ -41,12 +41,12 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import Column, Index, MetaData, Table, insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from seckill.catalog import warm_item
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
+from seckill.services.items import warm_item
 from seckill.store.database import create_database, drop_database, open_database
 from seckill.store.ledger import Ledger, NewItem
 from seckill.store.migrate import upgrade

@@ -11,7 +11,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 
 from seckill.config import Settings
 from seckill.domain.ids import OrderIds
-from seckill.engine.engine import Clock, RedisEngine
+from seckill.engine.engine import Clock, RateLimit, RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.engine.worker_ids import leased_order_ids
 from seckill.redis_server import RedisServer
@@ -74,6 +74,9 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             idempotency_ttl_ms=settings.idempotency_ttl_seconds * 1000,
             prefix=settings.key_prefix,
             clock=clock,
+            rate_limit=RateLimit(
+                settings.rate_limit_requests, settings.rate_limit_window_seconds * 1000
+            ),
         )
         yield Runtime(
             settings=settings,

@@ -6,6 +6,7 @@ Built on demand with ``Settings()``; importing this module creates nothing.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -35,6 +36,52 @@ class Settings(BaseSettings):
         None, ge=0, le=1023, description="Fixed order-id worker id. Unset: lease one from Redis."
     )
     worker_id_lease_seconds: int = Field(30, ge=3)
+
+    # The API and its credentials. Empty secrets are generated once into the data directory,
+    # so `seckill serve` and `seckill token` agree on a fresh machine; set them in production.
+    api_host: str = Field("127.0.0.1", description="Where `seckill serve` / `seckill api` listen.")
+    api_port: int = Field(8000, ge=0, le=65535)
+    max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
+    jwt_algorithm: Literal["HS256", "RS256"] = Field(
+        "HS256", description="The one algorithm tokens may use (pinned; no other is accepted)."
+    )
+    jwt_secret: str = Field("", description="HS256 key. Empty: generated into the data dir.")
+    jwt_private_key_file: Path | None = Field(None, description="RS256: PEM key to mint tokens.")
+    jwt_public_key_file: Path | None = Field(None, description="RS256: PEM key to check tokens.")
+    jwt_issuer: str = Field("seckill", min_length=1)
+    jwt_audience: str = Field("seckill-api", min_length=1)
+    token_ttl_seconds: int = Field(3_600, ge=1, description="Lifetime of `seckill token` tokens.")
+    payment_secret: str = Field(
+        "", description="HMAC key shared with the payment provider. Empty: generated."
+    )
+    payment_tolerance_seconds: int = Field(
+        300, ge=1, description="Callbacks signed further from now are refused."
+    )
+
+    # Protecting the hot path (see the README's "Under a stampede").
+    ticket_secret: str = Field("", description="HMAC key for purchase tickets. Empty: generated.")
+    ticket_ttl_seconds: int = Field(30, ge=1, description="How long a purchase ticket is valid.")
+    ticket_lead_seconds: int = Field(
+        5, ge=0, description="Tickets are issued from this long before the sale starts."
+    )
+    rate_limit_requests: int = Field(
+        5, ge=1, description="Purchase attempts one buyer may make per item per window."
+    )
+    rate_limit_window_seconds: int = Field(1, ge=1)
+    admission_max_in_flight: int = Field(
+        512, ge=1, description="Purchases one process decides at once; more get 503."
+    )
+    sold_out_recheck_ms: int = Field(
+        500, ge=1, description="A process that saw an item sold out asks Redis again after this."
+    )
+    item_cache_local_seconds: float = Field(1.0, gt=0, description="In-process item cache TTL.")
+    item_cache_redis_seconds: int = Field(60, ge=1, description="Redis item cache TTL (+ jitter).")
+    item_cache_jitter_seconds: int = Field(15, ge=0)
+    item_absent_seconds: int = Field(5, ge=1, description="How long an unknown id is cached.")
+
+    reaper_interval_seconds: float = Field(
+        1.0, gt=0, description="Holds are released at most this long after their deadline."
+    )
 
     @property
     def database_url_is_default(self) -> bool:

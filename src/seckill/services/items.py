@@ -1,0 +1,104 @@
+"""Items: created in SQL (the record), warmed into Redis (where they are sold), and read back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from seckill.domain.items import Stock
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.engine.engine import RedisEngine
+from seckill.services.item_cache import ItemCache
+from seckill.store.ledger import ItemRecord, Ledger
+from seckill.workers.persister import backlog
+
+
+class UnknownItem(LookupError):
+    pass
+
+
+async def warm_item(
+    engine: RedisEngine,
+    ledger: Ledger,
+    item_id: int,
+    *,
+    force: bool = False,
+    cache: ItemCache | None = None,
+) -> Outcome:
+    """Load the item as SQL records it into Redis. An item with holds or sales in Redis is
+    refused (``item_active``) unless forced, and even then keeps them (see load_item.lua).
+    With ``cache``, the item's card is rewritten from SQL too."""
+    record = await ledger.item(item_id)
+    if record is None:
+        raise UnknownItem(f"item {item_id} is not in the database")
+    outcome = await engine.load_item(record.sale_item(), force=force)
+    if cache is not None:
+        await cache.refresh(item_id)
+    return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class WarmedItem:
+    """One item of a bulk warm-up: what the engine answered, and how long its card lives."""
+
+    record: ItemRecord
+    outcome: Outcome | ErrorCode  # item_active: on sale already, with holds or sales; kept
+    card_ttl_ms: int | None  # -1: no expiry
+
+
+async def warm_items(
+    engine: RedisEngine, ledger: Ledger, cache: ItemCache, *, now: datetime, force: bool = False
+) -> list[WarmedItem]:
+    """Warm every item whose sale has not ended at ``now`` (engine and card), in start order.
+
+    An item the engine refuses (``item_active`` without ``force``) still gets its card: the card
+    is what SQL says, which is what a reader would load anyway.
+    """
+    warmed = []
+    for record in await ledger.items_on_sale(now):
+        outcome: Outcome | ErrorCode
+        try:
+            outcome = await engine.load_item(record.sale_item(), force=force)
+        except InvalidRequest as refused:
+            outcome = refused.code
+        await cache.refresh(record.item_id)
+        warmed.append(WarmedItem(record, outcome, await cache.card_ttl_ms(record.item_id)))
+    return warmed
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOnSale:
+    """What a buyer sees: the record, and what is left right now (None until warmed)."""
+
+    record: ItemRecord
+    available: int | None
+
+
+async def item_on_sale(cache: ItemCache, item_id: int) -> ItemOnSale:
+    """The item through the cache, with ``available`` read live; UnknownItem if SQL has no such
+    id."""
+    record = await cache.record(item_id)
+    if record is None:
+        raise UnknownItem(f"no item {item_id}")
+    return ItemOnSale(record, await cache.available(item_id))
+
+
+@dataclass(frozen=True, slots=True)
+class ItemCounters:
+    """An item's counters in Redis and in SQL, side by side (None where it is absent).
+
+    SQL trails Redis by the stream's backlog, so the two agree once the backlog has landed.
+    """
+
+    item_id: int
+    redis: Stock | None
+    sql: Stock | None
+    backlog: int  # stream entries not yet acknowledged by the persister
+
+
+async def item_counters(engine: RedisEngine, ledger: Ledger, item_id: int) -> ItemCounters:
+    sql = await ledger.stock(item_id)
+    redis = await engine.stock(item_id)
+    if sql is None and redis is None:
+        raise UnknownItem(f"no item {item_id}")
+    return ItemCounters(item_id, redis, sql, await backlog(engine, item_id))

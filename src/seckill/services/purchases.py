@@ -1,0 +1,89 @@
+"""Buying: the purchase path, kept free of framework types so the leanest route can serve it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from seckill.domain.holds import Reservation
+from seckill.domain.ids import OrderIds
+from seckill.domain.outcomes import Outcome
+from seckill.engine.engine import RedisEngine
+
+MonotonicClock = Callable[[], float]
+"""Seconds from an arbitrary start that never step back (``time.monotonic``)."""
+
+
+class RequestInFlight(Exception):
+    """The same (item, buyer, key) is being decided right now in this process."""
+
+
+class Purchases:
+    """One Redis round trip per purchase: the reserve script decides everything at once.
+
+    A repeat of an idempotency key that arrives while the first is still waiting for Redis is
+    refused (the IETF Idempotency-Key draft's 409) rather than queued behind it; once the first
+    is decided, repeats get its answer from the script. Across processes there is no window to
+    guard: the script itself is atomic, so a concurrent repeat elsewhere simply replays.
+
+    The sold-out flag: once Redis answers ``sold_out`` for an item, this process stops running
+    the reserve script for it for ``sold_out_recheck_ms`` (0: never); the next request after
+    that asks the script again, and a ``sold_out`` answer arms the flag anew. So a stampede on a
+    sold-out item runs the script about once per interval and process, and stock that comes
+    back (a released hold) is offered again within ``sold_out_recheck_ms`` of the release.
+    While the flag stands a request costs one GET of its idempotency record: a repeat of a key
+    that reserved still gets its first answer (invariant 5), every other request ``sold_out``.
+    """
+
+    def __init__(
+        self,
+        engine: RedisEngine,
+        order_ids: OrderIds,
+        *,
+        sold_out_recheck_ms: int = 0,
+        clock: MonotonicClock = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._order_ids = order_ids
+        self._in_flight: set[tuple[int, str, str]] = set()
+        self._recheck_s = sold_out_recheck_ms / 1000
+        self._clock = clock
+        self._sold_out_until: dict[int, float] = {}  # item id -> clock time the flag runs out
+
+    async def buy(
+        self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str
+    ) -> Reservation:
+        if self._flagged_sold_out(item_id):
+            # A repeat of a key that reserved still gets its first answer (one GET, no script).
+            recorded = await self._engine.recorded(
+                item_id, buyer=buyer, quantity=quantity, idempotency_key=idempotency_key
+            )
+            return recorded or Reservation(Outcome.SOLD_OUT)
+        request = (item_id, buyer, idempotency_key)
+        if request in self._in_flight:
+            raise RequestInFlight(f"a request with idempotency key {idempotency_key!r} is running")
+        self._in_flight.add(request)
+        try:
+            reservation = await self._engine.reserve(
+                item_id,
+                buyer=buyer,
+                quantity=quantity,
+                idempotency_key=idempotency_key,
+                order_id=self._order_ids.next(),
+            )
+        finally:
+            self._in_flight.discard(request)
+        # Only sold_out arms the flag (insufficient_stock says units are left). Other answers do
+        # not clear it: one may have been decided before the sold_out that armed it.
+        if reservation.outcome is Outcome.SOLD_OUT and self._recheck_s > 0:
+            self._sold_out_until[item_id] = self._clock() + self._recheck_s
+        return reservation
+
+    def _flagged_sold_out(self, item_id: int) -> bool:
+        until = self._sold_out_until.get(item_id)
+        if until is None:
+            return False
+        if self._clock() < until:
+            return True
+        del self._sold_out_until[item_id]  # ran out: this request asks Redis again
+        return False

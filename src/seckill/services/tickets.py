@@ -1,0 +1,127 @@
+"""Issuing and checking purchase tickets (the format is in ``seckill.security.tickets``).
+
+A ticket is issued to a buyer for one item from ``lead_ms`` before the sale starts until it
+ends, and lives ``ttl_ms``. Issuing reads the item's window from Redis (one HMGET); checking
+reads nothing at all. Both use this process's clock: the window check here is only a coarse
+gate, since the reserve script decides the real window on Redis's clock.
+
+In front of issuance stands a ``TicketGate``: the hook for a captcha, a waiting room, a fraud
+score. The default admits everyone. A gate that refuses gives a ``GateDecision`` with the number
+of seconds after which the buyer may ask again; the API answers it with 429 ``gate_refused`` and
+that ``Retry-After`` (a waiting room says "not yet", never "no": a buyer it turned away may
+always come back).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from seckill.domain.outcomes import Outcome
+from seckill.engine.engine import RedisEngine
+from seckill.security.tickets import Ticket, TicketCodec
+from seckill.services.items import UnknownItem
+
+Clock = Callable[[], int]
+"""Epoch milliseconds."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateDecision:
+    """A gate's answer: admitted, or refused with when to ask again and why."""
+
+    admitted: bool
+    retry_after_seconds: int = 1
+    message: str = "not admitted yet: try again later"
+
+    def __post_init__(self) -> None:
+        if self.retry_after_seconds < 1:
+            raise ValueError("retry_after_seconds must be at least 1")
+
+
+ADMITTED = GateDecision(admitted=True, message="admitted")
+
+
+class TicketGate(Protocol):
+    """Decides whether ``buyer`` may have a ticket for ``item_id`` now."""
+
+    async def admit(self, buyer: str, item_id: int) -> GateDecision: ...
+
+
+class AdmitEveryone:
+    """The default gate: no captcha, no waiting room."""
+
+    async def admit(self, buyer: str, item_id: int) -> GateDecision:
+        return ADMITTED
+
+
+class GateRefused(Exception):
+    """The gate turned the buyer away, for now."""
+
+    def __init__(self, decision: GateDecision) -> None:
+        super().__init__(decision.message)
+        self.decision = decision
+
+
+class SaleClosed(Exception):
+    """No tickets for this item now: the sale has not started (more than the lead time away)
+    or has ended. ``outcome`` is ``Outcome.NOT_STARTED`` or ``Outcome.ENDED``."""
+
+    def __init__(self, outcome: Outcome, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class TicketOffice:
+    """Issues tickets through the gate and checks them on the purchase path."""
+
+    def __init__(
+        self,
+        *,
+        engine: RedisEngine,
+        codec: TicketCodec,
+        gate: TicketGate | None = None,
+        ttl_ms: int,
+        lead_ms: int,
+        clock: Clock = wall_clock_ms,
+    ) -> None:
+        if ttl_ms < 1 or lead_ms < 0:
+            raise ValueError("ttl_ms must be at least 1 and lead_ms at least 0")
+        self._engine = engine
+        self._codec = codec
+        self._gate: TicketGate = gate or AdmitEveryone()
+        self._ttl_ms = ttl_ms
+        self._lead_ms = lead_ms
+        self._clock = clock
+
+    async def issue(self, item_id: int, *, buyer: str) -> tuple[str, Ticket]:
+        """A new ticket (its text, and what it says) for ``buyer`` and ``item_id``.
+
+        Raises ``UnknownItem`` when the item is not loaded in Redis, ``SaleClosed`` outside the
+        issuing window, ``GateRefused`` when the gate says not now. The window is checked
+        before the gate, so a gate only sees buyers who could buy.
+        """
+        item = await self._engine.item(item_id)
+        if item is None:
+            raise UnknownItem(f"item {item_id} is not on sale")
+        now = self._clock()
+        if now < item.starts_at_ms - self._lead_ms:
+            raise SaleClosed(Outcome.NOT_STARTED, "the sale has not started: too early for tickets")
+        if now >= item.ends_at_ms:
+            raise SaleClosed(Outcome.ENDED, "the sale has ended")
+        decision = await self._gate.admit(buyer, item_id)
+        if not decision.admitted:
+            raise GateRefused(decision)
+        ticket = Ticket(item_id=item_id, buyer=buyer, expires_at_ms=now + self._ttl_ms)
+        text = self._codec.mint(item_id=item_id, buyer=buyer, expires_at_ms=ticket.expires_at_ms)
+        return text, ticket
+
+    def check(self, text: str | None, *, item_id: int, buyer: str) -> Ticket:
+        """The ticket if it lets ``buyer`` buy ``item_id`` now; ``BadTicket`` otherwise. No I/O."""
+        return self._codec.check(text, item_id=item_id, buyer=buyer, now_ms=self._clock())
