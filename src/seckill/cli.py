@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from seckill.bootstrap import Runtime
     from seckill.config import Settings
     from seckill.demo import DemoPlan
+    from seckill.services.item_cache import ItemCache
 
 app = typer.Typer(help="seckill: a flash-sale backend.", no_args_is_help=True, add_completion=False)
 db_app = typer.Typer(help="The SQL database.", no_args_is_help=True)
@@ -37,9 +38,9 @@ T = TypeVar("T")
 def _with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     """Run ``work`` with everything wired from the environment's settings; clear errors out."""
     from seckill.bootstrap import open_runtime
-    from seckill.catalog import UnknownItem
     from seckill.config import Settings
     from seckill.domain.outcomes import InvalidRequest
+    from seckill.services.items import UnknownItem
 
     async def main() -> T:
         async with open_runtime(Settings()) as runtime:
@@ -61,6 +62,70 @@ def main() -> None:
 def version() -> None:
     """Print the version."""
     console.print(f"seckill {__version__}")
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def _run(*, api: bool, workers: list[str], host: str | None, port: int | None) -> None:
+    from seckill.config import Settings
+    from seckill.serve import WorkerKind, run_blocking
+
+    _logging()
+    settings = Settings()
+    updates = {k: v for k, v in (("api_host", host), ("api_port", port)) if v is not None}
+    settings = settings.model_copy(update=updates)
+    try:
+        run_blocking(settings, api=api, workers=[WorkerKind(w) for w in workers])
+    except OSError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+_HOST = typer.Option(None, help="Listen address (default SECKILL_API_HOST, 127.0.0.1).")
+_PORT = typer.Option(None, min=0, max=65535, help="Port (default SECKILL_API_PORT, 8000).")
+
+
+@app.command()
+def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
+    """Run the API and every worker (persister, reaper) in one process until SIGTERM."""
+    _run(api=True, workers=["persister", "reaper"], host=host, port=port)
+
+
+@app.command()
+def api(host: str | None = _HOST, port: int | None = _PORT) -> None:
+    """Run the API alone (workers run apart: `seckill worker ...`) until SIGTERM."""
+    _run(api=True, workers=[], host=host, port=port)
+
+
+@app.command()
+def token(
+    buyer: str | None = typer.Option(None, help="Mint a buyer token for this buyer id."),
+    admin: bool = typer.Option(False, "--admin", help="Mint an admin token."),
+    ttl: int | None = typer.Option(
+        None, min=1, help="Seconds (default SECKILL_TOKEN_TTL_SECONDS)."
+    ),
+) -> None:
+    """Print a bearer token (for tests and demos; production tokens come from your identity
+    provider, signed with the same key)."""
+    from seckill.config import Settings
+    from seckill.domain.outcomes import InvalidRequest
+    from seckill.security.tokens import Role, token_codec
+
+    if (buyer is None) == (not admin):
+        console.print("[red]error:[/] give exactly one of --buyer ID or --admin")
+        raise typer.Exit(2)
+    settings = Settings()
+    subject, role = (buyer, Role.BUYER) if buyer is not None else ("admin", Role.ADMIN)
+    try:
+        minted = token_codec(settings).mint(
+            subject, role, ttl_seconds=ttl or settings.token_ttl_seconds
+        )
+    except (ValueError, InvalidRequest) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    print(minted)
 
 
 @db_app.command("upgrade")
@@ -124,13 +189,64 @@ def item_warm(
     item_id: int = typer.Argument(..., min=1),
     force: bool = typer.Option(False, help="Replace the settings of an item with holds or sales."),
 ) -> None:
-    """Load an item from the database into Redis, putting it on sale."""
-    from seckill.catalog import warm_item
+    """Load an item from the database into Redis, putting it on sale (and its cached card)."""
+    from seckill.services.items import warm_item
 
     async def work(runtime: Runtime) -> str:
-        return await warm_item(runtime.engine, runtime.ledger, item_id, force=force)
+        return await warm_item(
+            runtime.engine, runtime.ledger, item_id, force=force, cache=_item_cache(runtime)
+        )
 
     console.print(f"item {item_id}: {_with_runtime(work)}")
+
+
+def _item_cache(runtime: Runtime) -> ItemCache:
+    from seckill.services.item_cache import ItemCache
+
+    return ItemCache.from_settings(runtime.settings, engine=runtime.engine, source=runtime.ledger)
+
+
+@app.command()
+def warm(
+    force: bool = typer.Option(
+        False, help="Reload items with holds or sales too (they keep them)."
+    ),
+) -> None:
+    """Warm every item whose sale has not ended: into Redis, where it is sold, and its cached
+    card, what buyers read. Items already selling are kept as they are unless --force."""
+    from seckill.domain.outcomes import ErrorCode
+    from seckill.services.items import WarmedItem, warm_items
+
+    async def work(runtime: Runtime) -> list[WarmedItem]:
+        return await warm_items(
+            runtime.engine, runtime.ledger, _item_cache(runtime), now=datetime.now(UTC), force=force
+        )
+
+    warmed = _with_runtime(work)
+    table = Table(title=f"Warmed {len(warmed)} item(s) whose sale has not ended")
+    for column in ("item", "name", "starts at", "ends at", "redis", "card expires in"):
+        table.add_column(column)
+    refused = False
+    for w in warmed:
+        r = w.record
+        redis = w.outcome.value
+        if w.outcome is ErrorCode.ITEM_ACTIVE:
+            redis = "kept (item_active: holds or sales)"
+        elif isinstance(w.outcome, ErrorCode):
+            redis, refused = f"[red]{w.outcome.value}[/]", True
+        table.add_row(
+            str(r.item_id), r.name, r.starts_at.isoformat(timespec="seconds"),
+            r.ends_at.isoformat(timespec="seconds"), redis, _ttl(w.card_ttl_ms),
+        )  # fmt: skip
+    console.print(table)
+    if refused:
+        raise typer.Exit(1)
+
+
+def _ttl(ms: int | None) -> str:
+    if ms is None:
+        return "[red]no card[/]"
+    return "never" if ms < 0 else str(timedelta(seconds=ms // 1000))
 
 
 @worker_app.command("persister")
@@ -140,29 +256,32 @@ def worker_persister(
     max_deliveries: int = typer.Option(5, min=1, help="Deliveries before a dead letter."),
 ) -> None:
     """Land every item stream's events in the database until SIGTERM."""
-    from seckill.workers.loop import run_until_stopped, stop_on_signals
-    from seckill.workers.persister import Persister, PersisterConfig
+    from seckill.config import Settings
+    from seckill.serve import WorkerKind, run_blocking
+    from seckill.workers.persister import PersisterConfig
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    _logging()
     config = PersisterConfig(
         batch_size=batch_size, claim_idle_ms=claim_idle_ms, max_deliveries=max_deliveries
     )
+    run_blocking(Settings(), api=False, workers=[WorkerKind.PERSISTER], persister=config)
 
-    async def work(runtime: Runtime) -> None:
-        stop = asyncio.Event()
-        stop_on_signals(stop)
-        persister = Persister(
-            redis=runtime.redis,
-            ledger=runtime.ledger,
-            prefix=runtime.settings.key_prefix,
-            config=config,
-            stop=stop,
-        )
-        logging.getLogger("seckill").info("persister %s started", persister.consumer)
-        await run_until_stopped(persister, stop)
-        logging.getLogger("seckill").info("persister stopped after %d entries", persister.landed)
 
-    _with_runtime(work)
+@worker_app.command("reaper")
+def worker_reaper(
+    interval: float | None = typer.Option(
+        None, min=0.01, help="Seconds between passes (default SECKILL_REAPER_INTERVAL_SECONDS)."
+    ),
+) -> None:
+    """Release holds past their deadline, every interval, until SIGTERM. Replicas are safe."""
+    from seckill.config import Settings
+    from seckill.serve import WorkerKind, run_blocking
+
+    _logging()
+    settings = Settings()
+    if interval is not None:
+        settings = settings.model_copy(update={"reaper_interval_seconds": interval})
+    run_blocking(settings, api=False, workers=[WorkerKind.REAPER])
 
 
 @dead_app.command("list")

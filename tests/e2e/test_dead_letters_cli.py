@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,25 +16,7 @@ from seckill.store.ledger import Ledger, NewItem
 from seckill.store.tables import Inventory, Item
 from seckill.workers.persister import Persister, PersisterConfig, stream_drained
 from tests.conftest import new_item, open_item
-
-
-def seckill(
-    *args: str, redis_url: str, sql_url: str, data_dir: Path
-) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
-    env |= {
-        "SECKILL_REDIS_URL": redis_url,
-        "SECKILL_DATABASE_URL": sql_url,
-        "SECKILL_DATA_DIR": str(data_dir),
-        "COLUMNS": "200",
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "seckill.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+from tests.seckill_cli import seckill
 
 
 async def restore_item(ledger: Ledger, item_id: int, item: NewItem) -> None:

@@ -12,40 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import pytest
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 
-from seckill.catalog import warm_item
 from seckill.domain.holds import HoldState, ReleaseReason, Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.services.items import warm_item
 from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
 from seckill.workers.persister import GROUP, Persister, PersisterConfig, stream_drained
-from tests.conftest import SERVER_URLS, new_item
+from tests.conftest import SERVER_BACKENDS, new_item
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
+from tests.polling import wait_until
 from tests.tcp_proxy import TcpProxy
 
 T = TypeVar("T")
-
-# SQLite is a file: there is no network to cut, so only the server backends take part. Without
-# their URLs the test is reported as skipped, never passed.
-SERVER_BACKENDS = [name for name, url in SERVER_URLS.items() if url] or [
-    pytest.param(
-        "postgresql",
-        marks=pytest.mark.skip(
-            reason="sqlite has no network to cut; set SECKILL_TEST_POSTGRES_URL or "
-            "SECKILL_TEST_MARIADB_URL"
-        ),
-    )
-]
 
 CONFIG = PersisterConfig(
     batch_size=100, block_ms=50, claim_idle_ms=500, trim_every_s=0.2, retry_pause_s=0.05
@@ -58,14 +46,6 @@ DRAIN_S = 60.0
 async def answered(call: Awaitable[T]) -> T:
     async with asyncio.timeout(ANSWER_S):
         return await call
-
-
-async def wait_until(check: Callable[[], Awaitable[bool]], limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not await check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {limit_s} s")
-        await asyncio.sleep(0.05)
 
 
 async def reserve(sale: Sale, buyer: str, quantity: int) -> Reservation:

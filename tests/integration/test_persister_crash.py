@@ -24,17 +24,18 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from sqlalchemy import func, select
 
-from seckill.catalog import warm_item
 from seckill.domain.holds import HoldState, ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.redis_server import RedisServer
+from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order, StockFlow
 from seckill.workers.persister import GROUP, stream_drained
 from tests.conftest import new_item
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
+from tests.polling import wait_until
 
 PERSISTER = [
     sys.executable, "-m", "seckill.cli", "worker", "persister",
@@ -75,6 +76,16 @@ class Persisters:
         assert await wait_exit(victim, 5) == -signal.SIGKILL
         self.live.remove(victim)
         self.start()
+
+    async def ready(self, within: float) -> None:
+        """Wait until every live persister has said it started: before that a SIGTERM finds
+        Python still importing, with no handler yet, and ends it by the signal."""
+
+        async def all_started() -> bool:
+            logs = [self._log(self.started.index(proc)) for proc in self.live]
+            return all(b"persister started" in log.read_bytes() for log in logs)
+
+        await wait_until(all_started, within, "the persisters starting")
 
     def kill_leftovers(self) -> None:
         for proc in self.started:
@@ -228,6 +239,7 @@ async def test_kill_9_of_persisters_mid_batch_loses_and_duplicates_nothing(
                     await asyncio.sleep(0.05)
         except TimeoutError:
             pytest.fail(f"the survivors did not drain the stream in {DRAIN_LIMIT_S} s")
+        await persisters.ready(30)
         for proc in persisters.live:
             proc.send_signal(signal.SIGTERM)
         exits = [await wait_exit(proc, STOP_LIMIT_S) for proc in persisters.live]

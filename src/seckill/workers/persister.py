@@ -32,8 +32,6 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from seckill.domain.events import (
     AheadOfStream,
@@ -42,7 +40,9 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
+from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
+from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -74,31 +74,26 @@ class Entry:
     fields: dict[str, str]
 
 
-# Errors that say nothing about the entries: the server is away, busy, or chose a victim.
-_MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055}
-_PG_TRANSIENT = ("08", "40001", "40P01", "53", "57P")  # SQLSTATE classes and codes
+async def backlog(engine: RedisEngine, item_id: int) -> int:
+    """Entries of the item's stream the persister has not landed yet (pending or never read)."""
+    stream = engine.keys(item_id).events
+    try:
+        groups: list[dict[str, Any]] = await engine.redis.xinfo_groups(stream)
+    except ResponseError:  # no stream yet
+        return 0
+    group = next((g for g in groups if g["name"] == GROUP), None)
+    if group is None:
+        return await engine.redis.xlen(stream)
+    lag = group.get("lag")
+    if lag is None:  # Redis 6.2 keeps no lag: count what follows the last delivered entry
+        unread = await engine.redis.xrange(
+            stream, min="(" + group["last-delivered-id"], count=_BACKLOG_COUNT_CAP
+        )
+        lag = len(unread or ())
+    return int(group["pending"]) + int(lag)
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Retry the batch as it is (True), or blame its entries (False)?
-
-    A constraint failure is never transient, even where a driver files it under
-    OperationalError (MariaDB's CHECK failure, 4025): that is what entries are split for.
-    """
-    if isinstance(exc, DisconnectionError | PoolTimeout | OSError | asyncio.TimeoutError):
-        return True
-    if not isinstance(exc, DBAPIError):
-        return False
-    if exc.connection_invalidated:
-        return True
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    if isinstance(sqlstate, str):
-        return sqlstate.startswith(_PG_TRANSIENT)
-    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
-    if isinstance(code, int):
-        return code in _MYSQL_TRANSIENT
-    # SQLite: "database is locked" and I/O trouble are OperationalErrors; constraints are not.
-    return isinstance(exc, OperationalError | InterfaceError)
+_BACKLOG_COUNT_CAP = 1_000_000
 
 
 async def stream_drained(redis: Redis, stream: str) -> bool:

@@ -1,0 +1,80 @@
+"""The reaper: every hold past its deadline is released once, whatever the number of reapers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from redis.asyncio import Redis
+
+from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.ids import OrderIds
+from seckill.engine.audit import audit_item
+from seckill.engine.engine import RedisEngine
+from seckill.workers.reaper import Reaper
+from tests.conftest import ManualClock, open_item
+
+
+async def hold_many(
+    engine: RedisEngine, item_id: int, count: int, ids: OrderIds, buyers: str = "b"
+) -> list[int]:
+    answers = await asyncio.gather(
+        *(
+            engine.reserve(
+                item_id, buyer=f"{buyers}{n}", quantity=1, idempotency_key="k", order_id=ids.next()
+            )
+            for n in range(count)
+        )
+    )
+    assert all(a.accepted for a in answers)
+    return [a.order_id for a in answers if a.order_id]
+
+
+async def test_only_holds_past_their_deadline_are_released(
+    timed_engine: RedisEngine, redis: Redis, clock: ManualClock
+) -> None:
+    ids = OrderIds(1)
+    await timed_engine.load_item(open_item(1, total=50, hold_ms=10_000))
+    early = await hold_many(timed_engine, 1, 10, ids)
+    clock.advance(5_000)
+    late = await hold_many(timed_engine, 1, 10, ids, buyers="late")
+    reaper = Reaper(redis=redis, engine=timed_engine, batch=3)  # several batches per pass
+
+    assert await reaper.run_once() == 0
+    clock.advance(5_000)  # the first ten are due, exactly at their deadline
+    assert await reaper.run_once() == 10
+    holds = await timed_engine.holds(1)
+    assert {holds[o].state for o in early} == {HoldState.RELEASED}
+    assert {holds[o].reason for o in early} == {ReleaseReason.EXPIRED}
+    assert {holds[o].state for o in late} == {HoldState.HELD}
+    assert await reaper.run_once() == 0
+
+
+async def test_every_item_is_reaped(
+    timed_engine: RedisEngine, redis: Redis, clock: ManualClock
+) -> None:
+    ids = OrderIds(1)
+    for item_id in (1, 2, 3):
+        await timed_engine.load_item(open_item(item_id, total=5, hold_ms=1_000))
+        await hold_many(timed_engine, item_id, 5, ids)
+    clock.advance(1_000)
+    assert await Reaper(redis=redis, engine=timed_engine).run_once() == 15
+    for item_id in (1, 2, 3):
+        stock = await timed_engine.stock(item_id)
+        assert stock is not None and (stock.available, stock.held) == (5, 0)
+
+
+async def test_reapers_side_by_side_release_each_hold_once(
+    timed_engine: RedisEngine, redis: Redis, clock: ManualClock
+) -> None:
+    ids = OrderIds(1)
+    await timed_engine.load_item(open_item(1, total=2_000, hold_ms=1_000))
+    await hold_many(timed_engine, 1, 2_000, ids)
+    clock.advance(1_000)
+    reapers = [Reaper(redis=redis, engine=timed_engine, batch=50) for _ in range(4)]
+    released = await asyncio.gather(*(r.run_once() for r in reapers))
+    assert sum(released) == 2_000  # shared, never doubled
+    kinds = Counter(fields["event"] for _, fields in await timed_engine.events(1))
+    assert kinds["released"] == 2_000
+    failed = [c for c in await audit_item(timed_engine, 1) if not c.ok]
+    assert not failed, failed
