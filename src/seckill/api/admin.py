@@ -1,0 +1,85 @@
+"""Operator routes: create an item in SQL, warm it into Redis, compare the two records."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from seckill.api.auth import AdminIdentity
+from seckill.api.buyers import ItemId, item_out
+from seckill.api.context import Context, context
+from seckill.api.errors import documented
+from seckill.api.schemas import Counters, ItemCountersOut, ItemOut, NewItemIn, WarmOut
+from seckill.domain.items import Stock
+from seckill.services.items import item_counters, item_on_sale, warm_item
+from seckill.store.ledger import NewItem
+
+router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
+Ctx = Annotated[Context, Depends(context)]
+
+
+@router.post(
+    "/items", status_code=201, response_model=ItemOut, responses=documented(401, 403, 413, 422, 503)
+)
+async def create_item(body: NewItemIn, _: AdminIdentity, ctx: Ctx) -> ItemOut:
+    """Put an item in the record (SQL). It goes on sale once warmed."""
+    settings = ctx.runtime.settings
+    item_id = await ctx.runtime.ledger.create_item(
+        NewItem(
+            name=body.name,
+            price_cents=body.price_cents,
+            total=body.total,
+            starts_at=body.starts_at,
+            ends_at=body.ends_at,
+            per_buyer_limit=body.per_buyer_limit or settings.per_buyer_limit,
+            hold_seconds=body.hold_seconds or settings.hold_seconds,
+        )
+    )
+    # Its card is written now: the id may have been cached as absent a moment ago.
+    await ctx.item_cache.refresh(item_id)
+    return item_out(await item_on_sale(ctx.item_cache, item_id))
+
+
+@router.post(
+    "/items/{item_id}/warm",
+    response_model=WarmOut,
+    responses=documented(401, 403, 404, 409, 422, 503),
+)
+async def warm(
+    item_id: ItemId,
+    _: AdminIdentity,
+    ctx: Ctx,
+    force: Annotated[
+        bool, Query(description="Reload an item with holds or sales (keeps them).")
+    ] = False,
+) -> WarmOut:
+    """Load the item as SQL records it into Redis, where it is sold, and rewrite its cached
+    card (what buyers read)."""
+    outcome = await warm_item(
+        ctx.runtime.engine, ctx.runtime.ledger, item_id, force=force, cache=ctx.item_cache
+    )
+    return WarmOut.model_validate({"item_id": item_id, "outcome": outcome.value})
+
+
+@router.get(
+    "/items/{item_id}",
+    response_model=ItemCountersOut,
+    responses=documented(401, 403, 404, 422, 503),
+)
+async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersOut:
+    """The item's counters in Redis and in SQL, side by side, and the backlog between them."""
+    found = await item_counters(ctx.runtime.engine, ctx.runtime.ledger, item_id)
+    return ItemCountersOut(
+        item_id=item_id,
+        redis=_counters(found.redis),
+        sql=_counters(found.sql),
+        backlog=found.backlog,
+        agree=found.redis == found.sql,
+    )
+
+
+def _counters(stock: Stock | None) -> Counters | None:
+    if stock is None:
+        return None
+    return Counters(total=stock.total, available=stock.available, held=stock.held, sold=stock.sold)

@@ -1,0 +1,51 @@
+"""The app factory: routes, error handlers, the body limit, and the runtime they share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from seckill import __version__
+from seckill.api import admin, buyers, health, payments, tickets
+from seckill.api.admission import AdmissionLimit
+from seckill.api.context import Context
+from seckill.api.errors import install_error_handlers
+from seckill.api.limits import BodySizeLimit
+from seckill.bootstrap import Runtime, open_runtime
+from seckill.config import Settings
+from seckill.services.tickets import TicketGate
+
+
+def create_app(
+    settings: Settings, *, runtime: Runtime | None = None, ticket_gate: TicketGate | None = None
+) -> FastAPI:
+    """The API. With ``runtime`` it serves that one (its owner closes it); without, it opens
+    its own at startup and closes it at shutdown. ``ticket_gate`` decides who may have a
+    purchase ticket (a captcha, a waiting room); without one, everyone may."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            if runtime is None:
+                active = await stack.enter_async_context(open_runtime(settings))
+            else:
+                active = runtime
+            app.state.context = Context.build(active, ticket_gate=ticket_gate)
+            yield
+
+    app = FastAPI(
+        title="seckill",
+        version=__version__,
+        description="A flash-sale backend: every purchase decided by one atomic Redis script.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    tickets.install_ticket_handlers(app)
+    for module in (buyers, tickets, admin, payments, health):
+        app.include_router(module.router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Added last, so outermost: an excess purchase is shed before anything else looks at it.
+    app.add_middleware(AdmissionLimit, max_in_flight=settings.admission_max_in_flight)
+    return app

@@ -1,0 +1,125 @@
+"""Buyer routes: see an item, buy it, see and cancel one's own orders."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Header, Path
+
+from seckill.api.auth import BuyerIdentity
+from seckill.api.context import Context, context
+from seckill.api.errors import ApiError, documented, refusal
+from seckill.api.schemas import BuyIn, ItemOut, OrderId, OrderOut, ReservationOut
+from seckill.api.tickets import TicketHeader
+from seckill.domain.outcomes import Outcome
+from seckill.services.items import ItemOnSale, item_on_sale
+from seckill.services.orders import OrderView
+from seckill.store.tables import ms_to_datetime
+
+router = APIRouter(prefix="/api/v1", tags=["buyers"])
+Ctx = Annotated[Context, Depends(context)]
+ItemId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+OrderIdPath = Annotated[OrderId, Path()]
+
+
+@router.get("/items/{item_id}", response_model=ItemOut, responses=documented(404, 503))
+async def get_item(item_id: ItemId, ctx: Ctx) -> ItemOut:
+    """What a buyer sees: name, price, sale window and units left (the item from a cache in
+    front of SQL; the units left read live)."""
+    return item_out(await item_on_sale(ctx.item_cache, item_id))
+
+
+def item_out(seen: ItemOnSale) -> ItemOut:
+    r = seen.record
+    return ItemOut(
+        item_id=r.item_id, name=r.name, price_cents=r.price_cents, total=r.total,
+        starts_at=r.starts_at, ends_at=r.ends_at, per_buyer_limit=r.per_buyer_limit,
+        hold_seconds=r.hold_seconds, available=seen.available,
+    )  # fmt: skip
+
+
+@router.post(
+    "/items/{item_id}/orders",
+    status_code=202,
+    response_model=ReservationOut,
+    responses=documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+)
+async def buy(
+    item_id: ItemId,
+    buyer: BuyerIdentity,
+    ctx: Ctx,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="Required. One purchase per key and buyer; a repeat gets the same answer.",
+        ),
+    ] = None,
+    ticket: TicketHeader = None,
+    body: Annotated[BuyIn | None, Body()] = None,
+) -> ReservationOut:
+    """Hold units for the buyer: 202 with the order and the time to pay before.
+
+    Needs a ticket for this buyer and item (``Seckill-Ticket``; 403 ``invalid_ticket``
+    without), checked before anything touches stock. 503 ``overloaded`` with ``Retry-After``
+    when this process already decides as many purchases as it may at once."""
+    key = _idempotency_key(idempotency_key)
+    ctx.tickets.check(ticket, item_id=item_id, buyer=buyer.subject)
+    quantity = body.quantity if body else 1
+    reservation = await ctx.purchases.buy(
+        item_id, buyer=buyer.subject, quantity=quantity, idempotency_key=key
+    )
+    if not reservation.accepted:
+        raise refusal(reservation)
+    assert reservation.order_id is not None and reservation.deadline_ms is not None
+    return ReservationOut(
+        order_id=str(reservation.order_id),
+        item_id=item_id,
+        quantity=quantity,
+        status="held",
+        pay_before=ms_to_datetime(reservation.deadline_ms),
+    )
+
+
+def _idempotency_key(header: str | None) -> str:
+    if header is None:
+        raise ApiError(400, "idempotency_key_required", "send an Idempotency-Key header")
+    # The draft's value is a structured-field string ("..."); a bare token is accepted too.
+    key = header.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    return key
+
+
+@router.get(
+    "/orders/{order_id}", response_model=OrderOut, responses=documented(401, 403, 404, 422, 503)
+)
+async def get_order(order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx) -> OrderOut:
+    """The buyer's own order, whether it is still only in Redis or already in SQL."""
+    return order_out(await ctx.orders.buyers_order(buyer.subject, int(order_id)))
+
+
+@router.post(
+    "/orders/{order_id}/cancel",
+    response_model=OrderOut,
+    responses=documented(401, 403, 404, 409, 422, 503),
+)
+async def cancel_order(order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx) -> OrderOut:
+    """Give the hold back; the units go on sale again. Repeating it changes nothing."""
+    transition, view = await ctx.orders.cancel(buyer.subject, int(order_id))
+    if transition.outcome is Outcome.ALREADY_PAID:
+        raise refusal(Outcome.ALREADY_PAID)
+    return order_out(view)
+
+
+def order_out(view: OrderView) -> OrderOut:
+    return OrderOut.model_validate(
+        {
+            "order_id": str(view.order_id),
+            "item_id": view.item_id,
+            "quantity": view.quantity,
+            "status": view.status,
+            "release_reason": view.release_reason,
+            "pay_before": ms_to_datetime(view.pay_before_ms) if view.pay_before_ms else None,
+        }
+    )

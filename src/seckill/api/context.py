@@ -1,0 +1,64 @@
+"""What the routes work with: the services, wired once per app from a Runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from seckill.bootstrap import Runtime
+from seckill.security.signatures import payment_secret
+from seckill.security.tickets import TicketCodec, ticket_secret
+from seckill.security.tokens import TokenCodec, token_codec
+from seckill.services.item_cache import ItemCache
+from seckill.services.orders import OrderBook
+from seckill.services.purchases import Purchases
+from seckill.services.tickets import TicketGate, TicketOffice
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    runtime: Runtime
+    purchases: Purchases
+    orders: OrderBook
+    item_cache: ItemCache
+    tokens: TokenCodec
+    payment_secret: bytes
+    tickets: TicketOffice
+
+    @classmethod
+    def build(cls, runtime: Runtime, *, ticket_gate: TicketGate | None = None) -> Context:
+        """``ticket_gate`` stands in front of ticket issuance (a captcha, a waiting room);
+        without one, everyone is admitted."""
+        settings = runtime.settings
+        return cls(
+            runtime=runtime,
+            purchases=Purchases(
+                runtime.engine,
+                runtime.order_ids,
+                sold_out_recheck_ms=settings.sold_out_recheck_ms,
+            ),
+            orders=OrderBook(
+                redis=runtime.redis,
+                engine=runtime.engine,
+                ledger=runtime.ledger,
+                prefix=settings.key_prefix,
+            ),
+            item_cache=ItemCache.from_settings(
+                settings, engine=runtime.engine, source=runtime.ledger
+            ),
+            tokens=token_codec(settings),
+            payment_secret=payment_secret(settings),
+            tickets=TicketOffice(
+                engine=runtime.engine,
+                codec=TicketCodec(ticket_secret(settings)),
+                gate=ticket_gate,
+                ttl_ms=settings.ticket_ttl_seconds * 1000,
+                lead_ms=settings.ticket_lead_seconds * 1000,
+            ),
+        )
+
+
+def context(request: Request) -> Context:
+    ctx: Context = request.app.state.context
+    return ctx

@@ -1,0 +1,116 @@
+"""Request and response bodies. Field names are the product's words: the same as the engine's
+outcomes, the tables' columns and the README.
+
+Order ids are 64-bit: JSON carries them as decimal strings, which JavaScript cannot round.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+
+from seckill.domain.rules import MAX_QUANTITY
+
+OrderId = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,18}$")]
+Token = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")]  # visible ASCII
+OrderStatus = Literal["held", "paid", "released", "refund_required"]
+
+
+def _text_only(value: object) -> object:
+    # Left lax, pydantic reads a number as Unix seconds or milliseconds, guessing by its size.
+    # The schema promises an RFC 3339 string; take nothing else.
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 date-time string")
+    return value
+
+
+DateTimeText = Annotated[AwareDatetime, BeforeValidator(_text_only)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewItemIn(_In):
+    name: str = Field(min_length=1, max_length=200)
+    price_cents: int = Field(ge=0, le=10**15)
+    total: int = Field(ge=0, le=10**12)
+    starts_at: DateTimeText
+    ends_at: DateTimeText
+    per_buyer_limit: int | None = Field(None, ge=1, le=MAX_QUANTITY)
+    hold_seconds: int | None = Field(None, ge=1, le=2_592_000)
+
+
+class ItemOut(BaseModel):
+    item_id: int
+    name: str
+    price_cents: int
+    total: int
+    starts_at: datetime
+    ends_at: datetime
+    per_buyer_limit: int
+    hold_seconds: int
+    available: int | None = Field(description="Units left now; null until the item is warmed.")
+
+
+class WarmOut(BaseModel):
+    item_id: int
+    outcome: Literal["loaded", "reloaded"]
+
+
+class Counters(BaseModel):
+    total: int
+    available: int
+    held: int
+    sold: int
+
+
+class ItemCountersOut(BaseModel):
+    item_id: int
+    redis: Counters | None
+    sql: Counters | None
+    backlog: int = Field(description="Stream entries not yet landed in SQL.")
+    agree: bool = Field(description="Redis and SQL counters are equal (expected once drained).")
+
+
+class BuyIn(_In):
+    quantity: int = Field(1, ge=1, le=MAX_QUANTITY)
+
+
+class ReservationOut(BaseModel):
+    order_id: OrderId
+    item_id: int
+    quantity: int
+    status: Literal["held"]
+    pay_before: datetime
+
+
+class OrderOut(BaseModel):
+    order_id: OrderId
+    item_id: int
+    quantity: int
+    status: OrderStatus
+    release_reason: Literal["cancelled", "expired", "payment_failed"] | None
+    pay_before: datetime | None
+
+
+class PaymentNoticeIn(_In):
+    payment_id: Token = Field(description="The provider's id for this notice; applied once.")
+    order_id: OrderId
+    status: Literal["succeeded", "failed"]
+
+
+class PaymentOut(BaseModel):
+    payment_id: str
+    order_id: OrderId
+    outcome: Literal["paid", "already_paid", "refund_required", "released", "already_released"]
+    order_status: OrderStatus
+    refund_required: bool
+    replayed: bool
+
+
+class HealthOut(BaseModel):
+    redis: Literal["ok", "unavailable"]
+    database: Literal["ok", "unavailable"]

@@ -1,0 +1,82 @@
+"""Purchase tickets over HTTP: issue one, and the header the purchase route reads it from.
+
+``POST /api/v1/items/{id}/tickets`` (buyer token) answers ``{"ticket", "expires_at"}``; the
+buyer sends the ticket in ``Seckill-Ticket`` with each purchase until it expires. Refusals:
+403 ``not_started`` / ``ended`` outside the issuing window, 404 ``unknown_item`` for an item not
+on sale, 429 ``gate_refused`` with ``Retry-After`` when the gate (captcha, waiting room) says
+not yet; on the purchase route, 403 ``invalid_ticket`` for a ticket that is missing, forged,
+expired, or for another buyer or item. See ``seckill.services.tickets`` and
+``seckill.security.tickets``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Path, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from seckill.api.auth import BuyerIdentity
+from seckill.api.context import Context, context
+from seckill.api.errors import documented
+from seckill.security.tickets import TICKET_HEADER, BadTicket
+from seckill.services.tickets import GateRefused, SaleClosed
+from seckill.store.tables import ms_to_datetime
+
+router = APIRouter(prefix="/api/v1", tags=["buyers"])
+Ctx = Annotated[Context, Depends(context)]
+ItemId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+
+TicketHeader = Annotated[
+    str | None,
+    Header(
+        alias=TICKET_HEADER,
+        description=(
+            "Required. A ticket from POST /api/v1/items/{item_id}/tickets for this buyer and "
+            "item, unexpired; it may be sent with several attempts. Without a valid one: 403 "
+            "invalid_ticket, and no stock is touched."
+        ),
+    ),
+]
+"""The purchase route's ticket parameter (optional to the schema so that its absence gets our
+403, not the framework's 422)."""
+
+
+class TicketOut(BaseModel):
+    ticket: str = Field(description=f"Send it in the {TICKET_HEADER} header when buying.")
+    expires_at: datetime = Field(description="The ticket is refused from this moment on.")
+
+
+@router.post(
+    "/items/{item_id}/tickets",
+    response_model=TicketOut,
+    responses=documented(401, 403, 404, 422, 429, 503),
+)
+async def issue_ticket(item_id: ItemId, buyer: BuyerIdentity, ctx: Ctx) -> TicketOut:
+    """A short-lived ticket to buy this item, issued from shortly before the sale until its
+    end. 429 ``gate_refused`` (with ``Retry-After``) when the waiting room says not yet."""
+    text, ticket = await ctx.tickets.issue(item_id, buyer=buyer.subject)
+    return TicketOut(ticket=text, expires_at=ms_to_datetime(ticket.expires_at_ms))
+
+
+def install_ticket_handlers(app: FastAPI) -> None:
+    """Map the ticket refusals to answers (the ``{"error", "message"}`` body of every error)."""
+
+    @app.exception_handler(BadTicket)
+    async def bad_ticket(_: Request, exc: BadTicket) -> Any:
+        return _error(403, "invalid_ticket", str(exc))
+
+    @app.exception_handler(SaleClosed)
+    async def sale_closed(_: Request, exc: SaleClosed) -> Any:
+        return _error(403, exc.outcome.value, str(exc))
+
+    @app.exception_handler(GateRefused)
+    async def gate_refused(_: Request, exc: GateRefused) -> Any:
+        retry = str(exc.decision.retry_after_seconds)
+        return _error(429, "gate_refused", str(exc), {"Retry-After": retry})
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
+    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)

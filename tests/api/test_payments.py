@@ -1,0 +1,129 @@
+"""Payment notices: signed, fresh and applied once; forged, stale or tampered ones change
+nothing; a payment for a hold already released becomes refund_required, never stock."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from seckill.domain.holds import HoldState
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+
+
+async def held_order(api: Api, *, hold_seconds: int = 60) -> tuple[int, str]:
+    item_id = await api.create_item(total=5, hold_seconds=hold_seconds)
+    answer = await api.buy(item_id, "alice", "k1")
+    assert answer.status_code == 202, answer.text
+    return item_id, answer.json()["order_id"]
+
+
+async def state(api: Api, item_id: int, order_id: str) -> tuple[object, ...]:
+    engine = api.runtime.engine
+    hold = await engine.hold(item_id, int(order_id))
+    stock = await engine.stock(item_id)
+    stream = await engine.events(item_id)
+    return hold, stock, len(stream)
+
+
+async def test_a_signed_success_pays_the_hold_once(api: Api) -> None:
+    item_id, order_id = await held_order(api)
+    first = await api.pay(order_id, "pay-1")
+    assert first.status_code == 200, first.text
+    assert first.json() == {
+        "payment_id": "pay-1",
+        "order_id": order_id,
+        "outcome": "paid",
+        "order_status": "paid",
+        "refund_required": False,
+        "replayed": False,
+    }
+    before = await state(api, item_id, order_id)
+    again = await api.pay(order_id, "pay-1")  # the provider retries its notice
+    assert again.status_code == 200
+    assert again.json() == {**first.json(), "replayed": True}
+    assert await state(api, item_id, order_id) == before
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    ["wrong secret", "stale", "from the future", "body changed", "no signature", "garbage"],
+)
+async def test_forged_and_stale_notices_are_refused_and_change_nothing(
+    api: Api, tamper: str
+) -> None:
+    item_id, order_id = await held_order(api)
+    before = await state(api, item_id, order_id)
+    notice = {"payment_id": "pay-x", "order_id": order_id, "status": "succeeded"}
+    tolerance = api.settings.payment_tolerance_seconds
+    body, headers = api.signed(notice)
+    if tamper == "wrong secret":
+        body, headers = api.signed(notice, secret="not-the-shared-secret-" + "z" * 20)
+    elif tamper == "stale":
+        body, headers = api.signed(notice, at=time.time() - tolerance - 5)
+    elif tamper == "from the future":
+        body, headers = api.signed(notice, at=time.time() + tolerance + 5)
+    elif tamper == "body changed":
+        body = body.replace(b"succeeded", b"failed\x20\x20\x20")
+    elif tamper == "no signature":
+        del headers["Seckill-Signature"]
+    else:
+        headers["Seckill-Signature"] = "t=abc,v1=zz"
+    answer = await api.http.post("/api/v1/payments/callback", content=body, headers=headers)
+    assert answer.status_code == 401, answer.text
+    assert answer.json()["error"] == "invalid_signature"
+    assert await state(api, item_id, order_id) == before
+    hold, *_ = before
+    assert hold.state is HoldState.HELD  # type: ignore[attr-defined]
+
+
+async def test_a_replayed_notice_with_another_order_or_status_is_refused(api: Api) -> None:
+    item_id, order_id = await held_order(api)
+    assert (await api.pay(order_id, "pay-1")).status_code == 200
+    before = await state(api, item_id, order_id)
+    flipped = await api.pay(order_id, "pay-1", succeeded=False)
+    assert flipped.status_code == 422, flipped.text
+    assert flipped.json()["error"] == "payment_id_reused"
+    assert await state(api, item_id, order_id) == before
+
+
+async def test_failure_releases_and_a_late_success_requires_a_refund(api: Api) -> None:
+    item_id, order_id = await held_order(api)
+    failed = await api.pay(order_id, "pay-1", succeeded=False)
+    assert failed.json()["outcome"] == "released"
+    assert failed.json()["order_status"] == "released"
+    stock_after_release = (await api.runtime.engine.stock(item_id),)
+    late = await api.pay(order_id, "pay-2")  # out of order: the success arrives after
+    assert late.status_code == 200, late.text
+    assert late.json()["outcome"] == "refund_required"
+    assert late.json()["refund_required"] is True
+    assert (await api.runtime.engine.stock(item_id),) == stock_after_release  # no stock created
+    seen = await api.http.get(f"/api/v1/orders/{order_id}", headers=api.as_buyer("alice"))
+    assert seen.json()["status"] == "refund_required"
+
+
+async def test_a_failure_after_success_changes_nothing(api: Api) -> None:
+    _, order_id = await held_order(api)
+    assert (await api.pay(order_id, "pay-1")).json()["outcome"] == "paid"
+    late_failure = await api.pay(order_id, "pay-2", succeeded=False)
+    assert late_failure.json()["outcome"] == "already_paid"
+    assert late_failure.json()["order_status"] == "paid"
+
+
+async def test_a_notice_for_an_unknown_order_is_404(api: Api) -> None:
+    await api.create_item(total=1)
+    answer = await api.pay("123456789", "pay-1")
+    assert answer.status_code == 404
+    assert answer.json()["error"] == "unknown_order"
+
+
+async def test_a_payment_after_the_deadline_is_refunded_not_sold(api: Api) -> None:
+    item_id, order_id = await held_order(api, hold_seconds=1)
+    await asyncio.sleep(1.2)
+    late = await api.pay(order_id, "pay-1")
+    assert late.json()["outcome"] == "refund_required"
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and (stock.available, stock.held, stock.sold) == (5, 0, 0)
