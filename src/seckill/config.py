@@ -82,6 +82,15 @@ class Settings(BaseSettings):
     reaper_interval_seconds: float = Field(
         1.0, gt=0, description="Holds are released at most this long after their deadline."
     )
+    reconcile_interval_seconds: float = Field(
+        10.0, gt=0, description="How often `seckill worker reconciler` compares Redis and SQL."
+    )
+    reconcile_grace_seconds: float = Field(
+        5.0, ge=0, description="A hold held this long past its deadline counts as overdue."
+    )
+    reconcile_repair: bool = Field(
+        False, description="Whether the reconciler worker repairs what it finds, or only reports."
+    )
 
     @property
     def database_url_is_default(self) -> bool:

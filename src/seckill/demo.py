@@ -20,7 +20,7 @@ from seckill.bootstrap import Runtime
 from seckill.domain.holds import ReleaseReason, Reservation
 from seckill.domain.outcomes import Outcome
 from seckill.engine.audit import Check, audit_item
-from seckill.reconcile import compare_records
+from seckill.reconcile.records import compare_records
 from seckill.services.items import warm_item
 from seckill.store.ledger import NewItem
 from seckill.workers.persister import Persister, PersisterConfig, stream_drained

@@ -21,9 +21,11 @@ import uvloop
 
 from seckill.bootstrap import Runtime, open_runtime
 from seckill.config import Settings
+from seckill.reconcile.reconciler import Reconciler
 from seckill.workers.loop import Worker, run_until_stopped, stop_on_signals
 from seckill.workers.persister import Persister, PersisterConfig
 from seckill.workers.reaper import Reaper
+from seckill.workers.reconciler import ReconcilerWorker
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 class WorkerKind(StrEnum):
     PERSISTER = "persister"
     REAPER = "reaper"
+    RECONCILER = "reconciler"
 
 
 def build_worker(
@@ -51,6 +54,20 @@ def build_worker(
             stop=stop,
         )
         return worker, 0.0  # its read blocks in Redis instead
+    if kind is WorkerKind.RECONCILER:
+        settings = runtime.settings
+        reconciler = ReconcilerWorker(
+            reconciler=Reconciler(
+                runtime.engine,
+                runtime.ledger,
+                grace_ms=int(settings.reconcile_grace_seconds * 1000),
+            ),
+            redis=runtime.redis,
+            prefix=prefix,
+            interval_s=settings.reconcile_interval_seconds,
+            repair=settings.reconcile_repair,
+        )
+        return reconciler, settings.reconcile_interval_seconds
     reaper = Reaper(redis=runtime.redis, engine=runtime.engine, prefix=prefix)
     return reaper, runtime.settings.reaper_interval_seconds
 

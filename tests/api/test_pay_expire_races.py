@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from seckill.domain.holds import HoldState, ReleaseReason
-from seckill.reconcile import compare_records
+from seckill.reconcile.records import compare_records
 from tests.api.conftest import Api
 from tests.polling import wait_until
 

@@ -19,7 +19,7 @@ from seckill.domain.holds import ReleaseReason
 from seckill.domain.items import Stock
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile import compare_records
+from seckill.reconcile.records import compare_records
 from seckill.store.database import is_transient, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Base, Inventory, Order, ms_to_datetime

@@ -15,7 +15,7 @@ from seckill.domain.events import decode_event
 from seckill.domain.holds import HoldState, ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile import compare_records
+from seckill.reconcile.records import compare_records
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import GROUP, Persister, PersisterConfig, stream_drained

@@ -33,6 +33,9 @@ class Outcome(StrEnum):
     RELEASED = "released"
     ALREADY_RELEASED = "already_released"
     UNKNOWN_ORDER = "unknown_order"
+    # recount / recover (the reconciler's repairs)
+    RECOUNTED = "recounted"
+    RECOVERED = "recovered"
 
 
 class ErrorCode(StrEnum):
@@ -57,6 +60,8 @@ class ErrorCode(StrEnum):
     INVALID_PAYMENT_ID = "invalid_payment_id"
     INVALID_PAYMENT_RESULT = "invalid_payment_result"
     PAYMENT_ID_REUSED = "payment_id_reused"
+    HOLDS_EXCEED_TOTAL = "holds_exceed_total"
+    INVALID_RECOVERY = "invalid_recovery"
 
 
 class InvalidRequest(ValueError):

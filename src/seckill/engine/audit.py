@@ -1,7 +1,7 @@
 """The invariants of DESIGN.md, checked against one item's Redis state.
 
-One place for these rules: the demo's verdict, the tests and (later) the reconciler all ask here.
-Reads are several commands, so run it on a quiet item (no writes in between) for exact answers.
+One place for these rules: the demo's verdict, the tests and the reconciler all ask here. The
+state is one atomic snapshot, so a running sale is audited as exactly as a quiet one.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from seckill.domain.holds import Hold, HoldState
-from seckill.engine.engine import RedisEngine
+from seckill.engine.engine import ItemSnapshot, RedisEngine
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +44,17 @@ def journal_check(where: str, found: Counter[str], holds: Iterable[Hold]) -> Che
 
 
 async def audit_item(engine: RedisEngine, item_id: int, *, journal: bool = True) -> list[Check]:
-    """Every invariant of one item in Redis. ``journal=False`` skips the stream's completeness:
-    true only of a stream nobody trims; once a persister has landed and trimmed it, the journal
-    lives in SQL and ``reconcile.compare_records`` checks it there."""
-    item = await engine.item(item_id)
-    stock = await engine.stock(item_id)
-    if item is None or stock is None:
-        return [Check("item loaded", False, f"item {item_id} is not in Redis")]
-    holds = await engine.holds(item_id)
-    buyers = await engine.buyer_units(item_id)
-    deadlines = await engine.deadlines(item_id)
-    events = await engine.events(item_id)
+    """Every invariant of one item in Redis, from one atomic snapshot. ``journal=False`` skips
+    the stream's completeness: true only of a stream nobody trims; once a persister has landed
+    and trimmed it, the journal lives in SQL and the reconciler checks it there."""
+    return audit_snapshot(await engine.snapshot(item_id), journal=journal)
 
+
+def audit_snapshot(snapshot: ItemSnapshot, *, journal: bool = True) -> list[Check]:
+    item, stock = snapshot.item, snapshot.stock
+    if item is None or stock is None:
+        return [Check("item loaded", False, f"item {snapshot.item_id} is not in Redis")]
+    holds = snapshot.holds
     units = Counter[HoldState]()
     per_buyer = Counter[str]()
     for hold in holds.values():
@@ -64,8 +63,8 @@ async def audit_item(engine: RedisEngine, item_id: int, *, journal: bool = True)
             per_buyer[hold.buyer] += hold.quantity
     over_limit = {b: n for b, n in per_buyer.items() if n > item.per_buyer_limit}
     held_ids = {h.order_id for h in holds.values() if h.state is HoldState.HELD}
-    kinds = Counter(fields["event"] for _, fields in events)
-    reserved_ids = [fields["order_id"] for _, fields in events if fields["event"] == "reserved"]
+    kinds = Counter(fields["event"] for _, fields in snapshot.events)
+    reserved_ids = [f["order_id"] for _, f in snapshot.events if f["event"] == "reserved"]
 
     checks = [
         Check(
@@ -82,14 +81,14 @@ async def audit_item(engine: RedisEngine, item_id: int, *, journal: bool = True)
         ),
         Check(
             "buyers within limit",
-            not over_limit and dict(per_buyer) == buyers,
+            not over_limit and dict(per_buyer) == snapshot.buyers,
             f"{len(over_limit)} over the limit of {item.per_buyer_limit}"
-            + ("" if dict(per_buyer) == buyers else "; buyer counts disagree with holds"),
+            + ("" if dict(per_buyer) == snapshot.buyers else "; buyer counts disagree with holds"),
         ),
         Check(
             "deadlines index holds",
-            set(deadlines) == held_ids,
-            f"{len(deadlines)} indexed, {len(held_ids)} held",
+            set(snapshot.deadlines) == held_ids,
+            f"{len(snapshot.deadlines)} indexed, {len(held_ids)} held",
         ),
     ]
     if journal:

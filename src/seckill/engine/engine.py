@@ -6,11 +6,12 @@ No framework types here, so any route, worker or benchmark can call it directly.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from seckill.domain import rules
 from seckill.domain.holds import (
@@ -46,6 +47,47 @@ class RateLimit:
         rules.check_rate_limit(requests=self.requests, window_ms=self.window_ms)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemSnapshot:
+    """One item's whole Redis state, read in one MULTI/EXEC: nothing moved in between.
+
+    ``events`` is the stream as it stood (everything not yet trimmed, which includes every entry
+    not yet landed); ``last_event_id`` the stream's last generated id ("0-0": no stream), the
+    position this snapshot is as of. O(holds + stream): for audits and the reconciler.
+    """
+
+    item_id: int
+    item: SaleItem | None
+    stock: Stock | None
+    holds: dict[int, Hold]
+    buyers: dict[str, int]
+    deadlines: dict[int, int]
+    events: list[tuple[str, dict[str, str]]]
+    last_event_id: str
+    now_ms: int
+
+
+class RecoveredOrder(NamedTuple):
+    """One order as SQL records it, in the shape recover.lua takes (the id as a string: Lua
+    numbers are doubles)."""
+
+    order_id: str
+    buyer: str
+    quantity: int
+    status: str
+    deadline_ms: int  # 0 when the record has none (only held orders need one)
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    restored: int  # holds created from SQL
+    advanced: int  # holds moved forward to SQL's state
+    conflicts: int  # orders where Redis and SQL went different ways (SQL kept)
+    stock: Stock
+
+
+_REPAIR_BATCH = 1_000
 _STOCK_FIELDS = ("total", "available", "held", "sold")
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
 
@@ -83,6 +125,10 @@ class RedisEngine:
     @property
     def redis(self) -> Redis:
         return self._redis
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
 
     def keys(self, item_id: int) -> ItemKeys:
         return item_keys(item_id, self._prefix)
@@ -226,6 +272,56 @@ class RedisEngine:
         reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self._now(), limit)
         return [int(order_id) for order_id in reply]
 
+    # -- the reconciler's repairs (operator actions, O(holds); never on the purchase path) --------
+
+    async def replay_holds(
+        self, item_id: int, orders: Sequence[tuple[int, str | None]]
+    ) -> list[int]:
+        """Append again the events that take each order from its status in SQL (None: SQL has
+        no such order) to where its hold now stands; returns the orders journaled. Unknown
+        order ids are skipped."""
+        for order_id, _ in orders:
+            rules.check_order_id(order_id)
+        replayed: list[int] = []
+        for start in range(0, len(orders), _REPAIR_BATCH):
+            args = [
+                value
+                for order_id, in_sql in orders[start : start + _REPAIR_BATCH]
+                for value in (order_id, in_sql or "")
+            ]
+            reply = await self._call(ScriptName.REPLAY_HOLDS, item_id, self._now(), *args)
+            replayed += [int(order_id) for order_id in reply]
+        return replayed
+
+    async def recount(self, item_id: int) -> Stock | None:
+        """Set the counters, buyers' units and deadline index from the holds (see recount.lua);
+        the counters as they now stand, or None for an item not loaded."""
+        reply = await self._call(ScriptName.RECOUNT, item_id)
+        if Outcome(reply[0]) is Outcome.UNKNOWN_ITEM:
+            return None
+        available, held, sold = (int(n) for n in reply[1:4])
+        return Stock(available + held + sold, available, held, sold)
+
+    async def recover(
+        self, item: SaleItem, *, last_landed_id: str, orders: Sequence[RecoveredOrder]
+    ) -> Recovery:
+        """Rebuild the item from SQL's record merged with what Redis still holds (recover.lua)."""
+        await self._redis.sadd(items_registry(self._prefix), item.item_id)  # as load_item does
+        reply = await self._call(
+            ScriptName.RECOVER,
+            item.item_id,
+            item.total,
+            item.starts_at_ms,
+            item.ends_at_ms,
+            item.per_buyer_limit,
+            item.hold_ms,
+            self._now(),
+            last_landed_id,
+            json.dumps([list(order) for order in orders]),
+        )
+        restored, advanced, conflicts, available, held, sold = (int(n) for n in reply[1:7])
+        return Recovery(restored, advanced, conflicts, Stock(item.total, available, held, sold))
+
     # redis-py types its replies loosely (bytes | str, sync | async); the client here always
     # decodes, so the reads below state the shapes they get.
 
@@ -276,6 +372,48 @@ class RedisEngine:
         """Units held or paid per buyer (buyers at zero are not listed)."""
         raw = cast(dict[str, str], await self._redis.hgetall(self.keys(item_id).buyers))
         return {buyer: int(units) for buyer, units in raw.items()}
+
+    async def snapshot(self, item_id: int) -> ItemSnapshot:
+        keys = self.keys(item_id)
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.hgetall(keys.item)
+            tx.hgetall(keys.holds)
+            tx.hgetall(keys.buyers)
+            tx.zrange(keys.deadlines, 0, -1, withscores=True)
+            tx.xrange(keys.events)
+            tx.xinfo_stream(keys.events)
+            tx.time()
+            item, holds, buyers, deadlines, events, stream, (sec, usec) = await tx.execute(
+                raise_on_error=False
+            )
+        if isinstance(stream, ResponseError):  # no such key: the stream was never written
+            stream = {"last-generated-id": "0-0"}
+        for reply in (item, holds, buyers, deadlines, events):
+            if isinstance(reply, Exception):
+                raise reply
+        item = cast(dict[str, str], item)
+        complete = all(f in item for f in _ITEM_FIELDS)
+        return ItemSnapshot(
+            item_id=item_id,
+            item=SaleItem(item_id=item_id, **{f: int(item[f]) for f in _ITEM_FIELDS})
+            if complete
+            else None,
+            stock=Stock(*(int(item[f]) for f in _STOCK_FIELDS)) if complete else None,
+            holds={int(k): _hold(int(k), v) for k, v in cast(dict[str, str], holds).items()},
+            buyers={b: int(n) for b, n in cast(dict[str, str], buyers).items()},
+            deadlines={int(o): int(score) for o, score in deadlines},
+            events=cast(list[tuple[str, dict[str, str]]], events),
+            last_event_id=str(stream["last-generated-id"]),
+            now_ms=int(sec) * 1000 + int(usec) // 1000,
+        )
+
+    async def last_event_id(self, item_id: int) -> str:
+        """The last id the item's stream generated ("0-0": no stream)."""
+        try:
+            info = await self._redis.xinfo_stream(self.keys(item_id).events)
+        except ResponseError:  # no such key
+            return "0-0"
+        return str(info["last-generated-id"])
 
     async def _hmget(self, key: str, fields: tuple[str, ...]) -> list[int] | None:
         values = cast(list[str | None], await self._redis.hmget(key, list(fields)))

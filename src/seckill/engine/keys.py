@@ -68,6 +68,11 @@ def items_registry(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:items"
 
 
+def upkeep_lock_key(job: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """String (an owner token, PX): held by the one process doing ``job`` (the reconciler)."""
+    return f"{prefix}:upkeep:{job}"
+
+
 def worker_id_key(worker_id: int, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:worker-id:{worker_id}"
 

@@ -28,6 +28,9 @@ class ScriptName(StrEnum):
     RELEASE = "release"
     SETTLE_PAYMENT = "settle_payment"
     EXPIRE_DUE = "expire_due"
+    REPLAY_HOLDS = "replay_holds"
+    RECOUNT = "recount"
+    RECOVER = "recover"
     RENEW_LEASE = "renew_lease"
     DROP_LEASE = "drop_lease"
 
@@ -35,7 +38,8 @@ class ScriptName(StrEnum):
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
 ITEM_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
-     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE}
+     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
+     ScriptName.RECOUNT, ScriptName.RECOVER}
 )  # fmt: skip
 
 

@@ -31,10 +31,27 @@ async def warm_item(
     record = await ledger.item(item_id)
     if record is None:
         raise UnknownItem(f"item {item_id} is not in the database")
-    outcome = await engine.load_item(record.sale_item(), force=force)
+    outcome = await _load(engine, ledger, record, force=force)
     if cache is not None:
         await cache.refresh(item_id)
     return outcome
+
+
+async def _load(engine: RedisEngine, ledger: Ledger, record: ItemRecord, *, force: bool) -> Outcome:
+    """Load an item, unless Redis lost a sale SQL records (held or sold units): loading it would
+    put every unit on sale again. That item needs ``seckill recover``, which keeps them."""
+    stock = await ledger.stock(record.item_id)
+    if (
+        stock is not None
+        and (stock.held or stock.sold)
+        and await engine.item(record.item_id) is None
+    ):
+        raise InvalidRequest(
+            ErrorCode.ITEM_ACTIVE,
+            f"SQL records {stock.held} held and {stock.sold} sold but Redis has no such sale "
+            f"(it lost its data): run `seckill recover {record.item_id}`",
+        )
+    return await engine.load_item(record.sale_item(), force=force)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +75,7 @@ async def warm_items(
     for record in await ledger.items_on_sale(now):
         outcome: Outcome | ErrorCode
         try:
-            outcome = await engine.load_item(record.sale_item(), force=force)
+            outcome = await _load(engine, ledger, record, force=force)
         except InvalidRequest as refused:
             outcome = refused.code
         await cache.refresh(record.item_id)

@@ -31,6 +31,7 @@ from seckill.store.tables import (
     Inventory,
     Item,
     Order,
+    Repair,
     StockFlow,
     UTCDateTime,
     datetime_to_ms,
@@ -63,6 +64,17 @@ NO_OPS = {
 }
 # Statuses in which the order's stock has gone back: it has a released_at (set once).
 RELEASED_STATUSES = frozenset({"released", "refund_required"})
+
+
+def status_after(status: str | None, kind: EventKind) -> str | None:
+    """Where one event leads an order that is ``status`` (None: no row yet), by the rules above;
+    BadEvent if it cannot apply. ``loaded`` events belong to no order and change nothing."""
+    if kind is EventKind.LOADED or (status, kind) in NO_OPS:
+        return status
+    step = TRANSITIONS.get((status, kind))
+    if step is None:
+        raise BadEvent(f"an order that is {status} cannot take a {kind} event")
+    return step[0]
 
 
 def padded_position(event: StockEvent) -> str:
@@ -168,6 +180,35 @@ class DeadLetterRecord:
     replayed_at: datetime | None
 
 
+@dataclass(frozen=True, slots=True)
+class JournalRow:
+    """One landed event, as the reconciler needs it."""
+
+    event_id: str
+    event: EventKind
+    order_id: int | None
+    quantity: int | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemBook:
+    """Everything SQL records about one item, read in one snapshot (one transaction)."""
+
+    item: ItemRecord | None
+    stock: Stock | None
+    orders: dict[int, LandedOrder]
+    journal: list[JournalRow]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepairRecord:
+    item_id: int
+    kind: str  # the drift it repairs
+    subject: str  # an order id, a counter, the item
+    action: str  # what was done, and which side won
+    detail: str
+
+
 @dataclass(slots=True)
 class _OrderState:
     status: str
@@ -250,6 +291,13 @@ class Ledger:
             ).all()
         return [_item_record(row) for row in rows]
 
+    async def unfinished_item_ids(self) -> list[int]:
+        """Items whose sale has not ended yet (their end time is still to come)."""
+        now = datetime.now(UTC)
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(select(Item.id).where(Item.ends_at > now).order_by(Item.id))
+            return [row.id for row in rows]
+
     async def sale_item(self, item_id: int) -> SaleItem | None:
         """The item as the engine sells it, or None if SQL has no such item."""
         record = await self.item(item_id)
@@ -258,28 +306,121 @@ class Ledger:
     async def order(self, order_id: int) -> LandedOrder | None:
         async with self.engine.connect() as conn:
             row = (await conn.execute(select(Order).where(Order.id == order_id))).first()
-        if row is None:
-            return None
-        return LandedOrder(
-            order_id=row.id,
-            item_id=row.item_id,
-            buyer=row.buyer,
-            quantity=row.quantity,
-            status=row.status,
-            release_reason=row.release_reason,
-            deadline_at=row.deadline_at,
-        )
+        return None if row is None else _landed_order(row)
+
+    async def book(self, item_id: int) -> ItemBook:
+        """The item, its inventory, orders and journal, all as of one moment."""
+        async with self.engine.connect() as conn:
+            await _begin_snapshot(conn)
+            item = (await conn.execute(select(Item).where(Item.id == item_id))).first()
+            stock = await _stock(conn, item_id)
+            orders = await conn.execute(select(Order).where(Order.item_id == item_id))
+            journal = await conn.execute(
+                select(
+                    StockFlow.event_id, StockFlow.event, StockFlow.order_id, StockFlow.quantity
+                ).where(StockFlow.item_id == item_id)
+            )
+            book = ItemBook(
+                item=None if item is None else _item_record(item),
+                stock=stock,
+                orders={row.id: _landed_order(row) for row in orders},
+                journal=[
+                    JournalRow(r.event_id, EventKind(r.event), r.order_id, r.quantity)
+                    for r in journal
+                ],
+            )
+            await conn.rollback()
+        return book
+
+    # -- repairs (the reconciler's; each is journaled with record_repair) -----------------------
+
+    async def recount_inventory(self, item_id: int) -> tuple[Stock, Stock] | None:
+        """Set held and sold to the sums over the item's orders (the orders win: each row is an
+        order's own record, the counters only their sum); returns (before, after).
+
+        The inventory row is locked first, so a batch landing at the same time either committed
+        before the count (and is in it) or moves the counters after it (by its own delta)."""
+        held = _units_in(item_id, "held")
+        sold = _units_in(item_id, "paid")
+        async with self.engine.begin() as conn:
+            before = (
+                await conn.execute(
+                    select(*_STOCK).where(Inventory.item_id == item_id).with_for_update()
+                )
+            ).first()
+            if before is None:
+                return None
+            await conn.execute(
+                update(Inventory)
+                .where(Inventory.item_id == item_id)
+                # Every value from the subqueries, none from another assignment: MariaDB assigns
+                # left to right, PostgreSQL all at once.
+                .values(
+                    available=Inventory.total - held - sold,
+                    held=held,
+                    sold=sold,
+                    version=Inventory.version + 1,
+                )
+            )
+            after = await _stock(conn, item_id)
+        assert after is not None  # the row is locked: it cannot have gone
+        return Stock(*before), after
+
+    async def rewrite_order(
+        self, order_id: int, *, status: str, quantity: int, buyer: str, expected: LandedOrder
+    ) -> bool:
+        """Put an edited order row back to what its journal (and Redis) say; False if the row
+        changed since ``expected`` was read (nothing written: look again)."""
+        async with self.engine.begin() as conn:
+            result = await conn.execute(
+                update(Order)
+                .where(
+                    Order.id == order_id,
+                    Order.status == expected.status,
+                    Order.quantity == expected.quantity,
+                    Order.buyer == expected.buyer,
+                )
+                .values(
+                    status=status,
+                    quantity=quantity,
+                    buyer=buyer,
+                    price_cents=select(Item.price_cents * quantity)
+                    .where(Item.id == Order.item_id)
+                    .scalar_subquery(),
+                    updated_at=datetime.now(UTC),
+                )
+            )
+            return result.rowcount == 1
+
+    async def record_repair(self, repair: RepairRecord) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(Repair).values(
+                    item_id=repair.item_id,
+                    kind=repair.kind,
+                    subject=repair.subject,
+                    action=repair.action,
+                    detail=repair.detail[:4000],
+                    at=datetime.now(UTC),
+                )
+            )
+
+    async def repairs(self, item_id: int) -> list[RepairRecord]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(Repair).where(Repair.item_id == item_id).order_by(Repair.id)
+            )
+            return [
+                RepairRecord(
+                    item_id=r.item_id, kind=r.kind, subject=r.subject, action=r.action,
+                    detail=r.detail,
+                )
+                for r in rows
+            ]  # fmt: skip
 
     async def stock(self, item_id: int) -> Stock | None:
         async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(
-                        Inventory.total, Inventory.available, Inventory.held, Inventory.sold
-                    ).where(Inventory.item_id == item_id)
-                )
-            ).first()
-        return None if row is None else Stock(row.total, row.available, row.held, row.sold)
+            return await _stock(conn, item_id)
 
     async def orders(self, item_id: int) -> dict[int, OrderRecord]:
         async with self.engine.connect() as conn:
@@ -347,6 +488,16 @@ class Ledger:
                 for r in rows
             ]  # fmt: skip
 
+    async def dead_letter_count(self, stream: str) -> int:
+        """Dead letters of one stream not replayed yet."""
+        async with self.engine.connect() as conn:
+            count = await conn.execute(
+                select(func.count())
+                .select_from(DeadLetter)
+                .where(DeadLetter.stream == stream, DeadLetter.replayed_at.is_(None))
+            )
+            return int(count.scalar_one())
+
     async def mark_replayed(self, dead_letter_id: int) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
@@ -389,6 +540,42 @@ class Ledger:
         if unknown:
             raise BadEvent(f"events for items SQL does not know: {sorted(unknown)}")
         return prices
+
+
+def _landed_order(row: Any) -> LandedOrder:
+    return LandedOrder(
+        order_id=row.id,
+        item_id=row.item_id,
+        buyer=row.buyer,
+        quantity=row.quantity,
+        status=row.status,
+        release_reason=row.release_reason,
+        deadline_at=row.deadline_at,
+    )
+
+
+_STOCK = (Inventory.total, Inventory.available, Inventory.held, Inventory.sold)
+
+
+async def _stock(conn: AsyncConnection, item_id: int) -> Stock | None:
+    row = (await conn.execute(select(*_STOCK).where(Inventory.item_id == item_id))).first()
+    return None if row is None else Stock(*row)
+
+
+def _units_in(item_id: int, status: str) -> Any:
+    return (
+        select(func.coalesce(func.sum(Order.quantity), 0))
+        .where(Order.item_id == item_id, Order.status == status)
+        .scalar_subquery()
+    )
+
+
+async def _begin_snapshot(conn: AsyncConnection) -> None:
+    """Make every read that follows on ``conn`` see the same moment, on each backend."""
+    if conn.dialect.name == "sqlite":
+        await conn.exec_driver_sql("BEGIN")  # the driver itself begins nothing before a read
+    else:
+        await conn.execution_options(isolation_level="REPEATABLE READ")
 
 
 class _Plan:

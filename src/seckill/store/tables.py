@@ -182,3 +182,19 @@ class DeadLetter(Base):
     replayed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (UniqueConstraint("stream", "entry_id"),)
+
+
+class Repair(Base):
+    """The reconciler's journal: every repair it made, with the drift it found."""
+
+    __tablename__ = "repairs"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    item_id: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(Text)
+    detail: Mapped[str] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index(None, "item_id"),)

@@ -98,11 +98,16 @@ _BACKLOG_COUNT_CAP = 1_000_000
 
 async def stream_drained(redis: Redis, stream: str) -> bool:
     """Has every consumer group of the stream received and acknowledged every entry?"""
-    info: dict[str, Any] = await redis.xinfo_stream(stream)
     groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
-    return bool(groups) and all(
-        g["pending"] == 0 and g["last-delivered-id"] == info["last-generated-id"] for g in groups
-    )
+    if not groups:
+        return False
+    for group in groups:
+        # Nothing after the last delivered entry (rather than "it is the last generated id":
+        # that one may have been deleted, and then is never delivered).
+        unread = await redis.xrange(stream, min="(" + group["last-delivered-id"], count=1)
+        if group["pending"] or unread:
+            return False
+    return True
 
 
 class Persister:
@@ -133,6 +138,19 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
+        try:
+            return await self._pass()
+        except ResponseError as exc:
+            if not str(exc).startswith("NOGROUP"):
+                raise
+            # Redis lost the stream or its group (restarted empty, FLUSHALL, an older AOF):
+            # follow the streams afresh; `seckill recover` puts the items back.
+            log.warning("a stream lost its consumer group (%s); rediscovering", exc)
+            self._streams.clear()
+            self._next_discover = 0.0
+            return 0
+
+    async def _pass(self) -> int:
         now = time.monotonic()
         if now >= self._next_discover:
             self._next_discover = now + DISCOVER_EVERY_S

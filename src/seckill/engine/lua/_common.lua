@@ -53,6 +53,23 @@ local function now_arg(s)
   return int_arg(s, 1, MAX_TIME)
 end
 
+-- The sale settings in ARGV[first .. first + 4]: total, starts_at_ms, ends_at_ms,
+-- per_buyer_limit, hold_ms. Returns them as a table, or nil and the refusal.
+local function sale_args(first)
+  local sale = {
+    total = int_arg(ARGV[first], 0, MAX_TOTAL),
+    starts = int_arg(ARGV[first + 1], 0, MAX_TIME),
+    ends = int_arg(ARGV[first + 2], 1, MAX_TIME),
+    limit = int_arg(ARGV[first + 3], 1, MAX_QUANTITY),
+    hold_ms = int_arg(ARGV[first + 4], 1, MAX_HOLD),
+  }
+  if not (sale.total and sale.starts and sale.ends and sale.limit and sale.hold_ms)
+    or sale.starts >= sale.ends then
+    return nil, invalid("invalid_item", "total, sale window, per-buyer limit or hold duration out of range")
+  end
+  return sale
+end
+
 -- Every item-level script receives the same five keys first.
 local K = { item = KEYS[1], buyers = KEYS[2], holds = KEYS[3], deadlines = KEYS[4], events = KEYS[5] }
 
@@ -110,4 +127,32 @@ local function pay_hold(item_id, order_id, hold, now)
   redis.call("XADD", K.events, "*", "event", "paid", "item_id", item_id, "order_id", order_id,
     "buyer", hold.buyer, "quantity", q, "at_ms", now)
   return { "paid" }
+end
+
+-- What a set of holds adds up to: held and paid units, units per buyer, the deadline index.
+-- Feed it each hold with tally:add(order_id, hold). Each hold is one order's own record; the
+-- counters are only their sum (recount.lua, recover.lua).
+local function new_tally()
+  local tally = { held = 0, sold = 0, buyers = {}, deadlines = {} }
+  function tally:add(order_id, hold)
+    if hold.state == "held" then
+      self.held = self.held + hold.quantity
+      self.deadlines[#self.deadlines + 1] = { hold.deadline_ms, order_id }
+    elseif hold.state == "paid" then
+      self.sold = self.sold + hold.quantity
+    end
+    if hold.state ~= "released" then
+      self.buyers[hold.buyer] = (self.buyers[hold.buyer] or 0) + hold.quantity
+    end
+  end
+  return tally
+end
+
+-- Write a tally as the item's counters, buyers' units and deadline index.
+local function save_tally(total, tally)
+  redis.call("HSET", K.item, "available", total - tally.held - tally.sold, "held", tally.held,
+    "sold", tally.sold)
+  redis.call("DEL", K.buyers, K.deadlines)
+  for buyer, units in pairs(tally.buyers) do redis.call("HSET", K.buyers, buyer, units) end
+  for _, d in ipairs(tally.deadlines) do redis.call("ZADD", K.deadlines, d[1], d[2]) end
 end

@@ -17,14 +17,10 @@
 local item_id = ARGV[1]
 local refused = bad_item_id(item_id)
 if refused then return refused end
-local total = int_arg(ARGV[2], 0, MAX_TOTAL)
-local starts = int_arg(ARGV[3], 0, MAX_TIME)
-local ends = int_arg(ARGV[4], 1, MAX_TIME)
-local limit = int_arg(ARGV[5], 1, MAX_QUANTITY)
-local hold_ms = int_arg(ARGV[6], 1, MAX_HOLD)
-if not (total and starts and ends and limit and hold_ms) or starts >= ends then
-  return invalid("invalid_item", "total, sale window, per-buyer limit or hold duration out of range")
-end
+local sale
+sale, refused = sale_args(2)
+if refused then return refused end
+local total, starts, ends, limit, hold_ms = sale.total, sale.starts, sale.ends, sale.limit, sale.hold_ms
 local now = now_arg(ARGV[8])
 refused = bad_time(now)
 if refused then return refused end

@@ -1,0 +1,282 @@
+"""What the reconciler looks for: drift between one item's Redis state and its SQL record.
+
+A pure function of two snapshots, taken in this order: Redis atomically (MULTI/EXEC), then SQL
+in one transaction. The sale need not stop. Redis is read as of its stream position P (the last
+event id it had generated), so:
+
+- an event at or before P that SQL has not landed is *in flight* if it is still in the stream
+  (the stream is trimmed only below what the persister acknowledged, and it acknowledges only
+  what committed): Redis is SQL plus those events;
+- an event after P that SQL already landed happened after the Redis snapshot: SQL is read as of
+  P by leaving those out.
+
+So per order: fold SQL's journal up to P and the in-flight events through the ledger's own
+transitions, and the status must be the hold's in Redis. Whatever does not fold is drift.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from enum import StrEnum
+
+from seckill.domain.events import BadEvent, EventKind, stream_position
+from seckill.domain.holds import Hold
+from seckill.engine.audit import audit_snapshot
+from seckill.engine.engine import ItemSnapshot
+from seckill.store.ledger import TRANSITIONS, ItemBook, JournalRow, LandedOrder, status_after
+
+Position = tuple[int, int]
+
+
+class Drift(StrEnum):
+    """Each kind of disagreement, and which side a repair takes (see ``reconciler``)."""
+
+    ORDER_MISSING_IN_SQL = "order_missing_in_sql"  # Redis accepted it; no event on its way
+    ORDER_MISSING_IN_REDIS = "order_missing_in_redis"  # SQL landed it; Redis does not know it
+    ORDER_BEHIND_IN_SQL = "order_behind_in_sql"  # Redis moved it on; the event never landed
+    ORDER_BEHIND_IN_REDIS = "order_behind_in_redis"  # SQL landed a move Redis has lost
+    ORDER_CONFLICT = "order_conflict"  # the two went different ways (paid in one, released...)
+    SQL_ORDER_EDITED = "sql_order_edited"  # an order row disagrees with its own journal
+    REDIS_COUNTERS = "redis_counters"  # Redis counters disagree with Redis holds
+    SQL_COUNTERS = "sql_counters"  # SQL inventory disagrees with SQL orders
+    TOTAL_DIFFERS = "total_differs"  # the item's total differs, no reload on its way
+    REDIS_LOST_ITEM = "redis_lost_item"  # SQL has a sale Redis does not have at all
+    REDIS_REWOUND = "redis_rewound"  # SQL landed events Redis has not generated yet
+    OVERDUE_HOLDS = "overdue_holds"  # held past their deadline by more than the grace
+    DEAD_LETTERS = "dead_letters"  # entries the persister gave up on, not replayed
+
+
+# Drift that only rebuilding the item from SQL repairs: Redis lost acknowledged writes.
+REDIS_LOST = frozenset(
+    {
+        Drift.ORDER_MISSING_IN_REDIS,
+        Drift.ORDER_BEHIND_IN_REDIS,
+        Drift.REDIS_LOST_ITEM,
+        Drift.REDIS_REWOUND,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: Drift
+    subject: str  # "order 123", a counter check, "item"
+    redis: str  # what Redis says
+    sql: str  # what SQL says
+    detail: str = ""
+    order_id: int | None = None
+
+
+def _later_statuses() -> dict[str | None, frozenset[str]]:
+    """Each status and every status an order can reach from it, from the ledger's transitions."""
+    steps: dict[str | None, set[str]] = defaultdict(set)
+    for (before, _), (after, _) in TRANSITIONS.items():
+        steps[before].add(after)
+    reach: dict[str | None, frozenset[str]] = {}
+    for start in [None, *{after for after, _ in TRANSITIONS.values()}]:
+        seen: set[str] = set()
+        todo = list(steps[start])
+        while todo:
+            status = todo.pop()
+            if status not in seen:
+                seen.add(status)
+                todo += steps[status]
+        reach[start] = frozenset(seen)
+    return reach
+
+
+LATER = _later_statuses()
+
+
+def fold(kinds: list[tuple[Position, EventKind]]) -> str | None:
+    """An order's status after these events, applied in stream order."""
+    status: str | None = None
+    for _, kind in sorted(kinds):
+        status = status_after(status, kind)
+    return status
+
+
+def find_drift(
+    snapshot: ItemSnapshot,
+    book: ItemBook,
+    *,
+    redis_position_now: str,
+    dead_letters: int,
+    grace_ms: int,
+) -> list[Finding]:
+    """Every disagreement between one item's Redis snapshot and its SQL book (read after it).
+
+    ``redis_position_now``: the stream's last id read after the book; SQL can never have landed
+    an event beyond it unless Redis went back in time. ``grace_ms``: how long past its deadline
+    a hold may stay held (the reaper's interval and some slack) before it counts as overdue.
+    """
+    findings: list[Finding] = []
+    newest_landed = max((stream_position(r.event_id) for r in book.journal), default=(0, 0))
+    if snapshot.item is None:
+        if book.journal or book.orders:
+            findings.append(
+                Finding(
+                    Drift.REDIS_LOST_ITEM,
+                    "item",
+                    "not loaded",
+                    f"{len(book.orders)} orders, journal up to {_show(newest_landed)}",
+                )
+            )
+        return findings + _sql_findings(book) + _dead_letter_findings(dead_letters)
+    position = stream_position(snapshot.last_event_id)
+    if newest_landed > stream_position(redis_position_now):
+        # Nothing SQL landed is "after the snapshot" then: compare with all of it, so every
+        # order Redis lost shows.
+        position = newest_landed
+        findings.append(
+            Finding(
+                Drift.REDIS_REWOUND,
+                "stream",
+                f"last id {redis_position_now}",
+                f"landed up to {_show(newest_landed)}",
+                "Redis restarted from older data: it lost writes it had acknowledged",
+            )
+        )
+    findings += _order_findings(snapshot, book, position)
+    findings += _redis_counter_findings(snapshot)
+    findings += _sql_findings(book)
+    findings += _total_findings(snapshot, book)
+    overdue = sorted(o for o, due in snapshot.deadlines.items() if due < snapshot.now_ms - grace_ms)
+    if overdue:
+        shown = ", ".join(map(str, overdue[:5])) + (" ..." if len(overdue) > 5 else "")
+        findings.append(
+            Finding(
+                Drift.OVERDUE_HOLDS,
+                f"{len(overdue)} holds",
+                "held past deadline",
+                "-",
+                f"orders {shown}",
+            )
+        )
+    return findings + _dead_letter_findings(dead_letters)
+
+
+def _order_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) -> list[Finding]:
+    landed = {r.event_id for r in book.journal}
+    journal: dict[int, list[JournalRow]] = defaultdict(list)
+    for r in book.journal:
+        if r.order_id is not None:
+            journal[r.order_id].append(r)
+    in_flight: dict[int, list[tuple[Position, EventKind]]] = defaultdict(list)
+    for entry_id, fields in snapshot.events:
+        if entry_id not in landed and fields.get("order_id", "").isdigit():
+            event = EventKind(fields["event"])
+            in_flight[int(fields["order_id"])].append((stream_position(entry_id), event))
+
+    findings = []
+    for order_id in sorted(snapshot.holds.keys() | book.orders.keys() | journal.keys()):
+        hold = snapshot.holds.get(order_id)
+        row = book.orders.get(order_id)
+        rows = [(stream_position(r.event_id), r.event) for r in journal[order_id]]
+        subject = f"order {order_id}"
+        try:
+            expected = fold([r for r in rows if r[0] <= position] + in_flight[order_id])
+            recorded = fold(rows)
+        except BadEvent as exc:
+            findings.append(Finding(Drift.ORDER_CONFLICT, subject, "-", "-", str(exc), order_id))
+            continue
+        in_redis = hold.order_status if hold else None
+        in_sql = row.status if row else None
+        if row is not None and (
+            recorded != row.status
+            or any(r.quantity != row.quantity for r in journal[order_id] if r.quantity)
+            or (hold is not None and hold.buyer != row.buyer)
+        ):
+            findings.append(
+                Finding(
+                    Drift.SQL_ORDER_EDITED,
+                    subject,
+                    _order(hold),
+                    _row(row),
+                    f"its journal says {recorded}",
+                    order_id,
+                )
+            )
+        if expected == in_redis:
+            continue
+        if expected is None:
+            kind = Drift.ORDER_MISSING_IN_SQL
+        elif in_redis is None:
+            kind = Drift.ORDER_MISSING_IN_REDIS
+        elif in_redis in LATER[expected]:
+            kind = Drift.ORDER_BEHIND_IN_SQL
+        elif expected in LATER[in_redis]:
+            kind = Drift.ORDER_BEHIND_IN_REDIS
+        else:
+            kind = Drift.ORDER_CONFLICT
+        detail = f"SQL as of Redis's position: {expected}" + (
+            f" ({len(in_flight[order_id])} events in flight)" if in_flight[order_id] else ""
+        )
+        findings.append(Finding(kind, subject, _order(hold), in_sql or "absent", detail, order_id))
+    return findings
+
+
+def _redis_counter_findings(snapshot: ItemSnapshot) -> list[Finding]:
+    return [
+        Finding(Drift.REDIS_COUNTERS, check.name, check.detail, "-")
+        for check in audit_snapshot(snapshot, journal=False)
+        if not check.ok
+    ]
+
+
+def _sql_findings(book: ItemBook) -> list[Finding]:
+    if book.stock is None:
+        return []
+    units = Counter[str]()
+    for order in book.orders.values():
+        units[order.status] += order.quantity
+    stock = book.stock
+    if (stock.held, stock.sold) == (units["held"], units["paid"]) and stock.balanced:
+        return []
+    counters = f"held {stock.held}, sold {stock.sold}, available {stock.available} of {stock.total}"
+    orders = f"its orders hold {units['held']} and paid {units['paid']}"
+    return [Finding(Drift.SQL_COUNTERS, "inventory", "-", counters, orders)]
+
+
+def _total_findings(snapshot: ItemSnapshot, book: ItemBook) -> list[Finding]:
+    if snapshot.stock is None or book.stock is None or snapshot.stock.total == book.stock.total:
+        return []
+    landed = {row.event_id for row in book.journal}
+    reload_in_flight = any(
+        f.get("event") == EventKind.LOADED and entry_id not in landed
+        for entry_id, f in snapshot.events
+    )
+    position = stream_position(snapshot.last_event_id)
+    reload_after = any(
+        r.event is EventKind.LOADED and stream_position(r.event_id) > position for r in book.journal
+    )
+    if reload_in_flight or reload_after:
+        return []
+    return [Finding(Drift.TOTAL_DIFFERS, "total", str(snapshot.stock.total), str(book.stock.total))]
+
+
+def _dead_letter_findings(count: int) -> list[Finding]:
+    if not count:
+        return []
+    return [
+        Finding(
+            Drift.DEAD_LETTERS,
+            f"{count} entries",
+            "-",
+            "not replayed",
+            "see `seckill dead-letters list`",
+        )
+    ]
+
+
+def _order(hold: Hold | None) -> str:
+    return "absent" if hold is None else f"{hold.order_status}: {hold.quantity} x {hold.buyer}"
+
+
+def _row(row: LandedOrder) -> str:
+    return f"{row.status}: {row.quantity} x {row.buyer}"
+
+
+def _show(position: Position) -> str:
+    return f"{position[0]}-{position[1]}"

@@ -1,0 +1,217 @@
+"""The reconciler: per item, find drift between Redis and SQL (``drift``), report it, repair it.
+
+Which side wins a repair, and why:
+
+- an order Redis has and SQL lacks or trails (an event deleted or dead-lettered before it
+  landed): **Redis** wins. Every event starts in Redis, and the hold is what the buyer and the
+  payment provider were told. Its events are journaled again (replay_holds.lua); the persister
+  lands them, and transitions SQL already made are no-ops.
+- an order SQL has and Redis lacks or trails, a sale Redis lost, a stream behind SQL: **SQL**
+  wins. SQL holds only events Redis emitted and the persister acknowledged; Redis lost them (an
+  older AOF, a failover, a restart). The item is rebuilt from SQL (``recovery``).
+- an order row that disagrees with its own journal (edited by hand): the **journal** wins; it is
+  the append-only record the row summarises.
+- counters that disagree with their own orders: the **orders** win, in Redis (the holds) and in
+  SQL (the order rows); the counters are only their sums.
+- the item's total: **SQL** wins; items are created and changed there and warmed into Redis.
+- holds past their deadline: released now, as the reaper would.
+- dead letters and orders that went different ways (paid in one, released in the other): not
+  repaired; a person decides (a refund, a replay once the cause is fixed).
+
+Every repair is journaled in the ``repairs`` table.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import cast
+
+from seckill.domain.events import stream_position
+from seckill.domain.items import Stock
+from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import items_registry
+from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold
+from seckill.reconcile.recovery import recover_item
+from seckill.services.items import warm_item
+from seckill.store.ledger import ItemBook, Ledger, RepairRecord
+
+log = logging.getLogger(__name__)
+
+_Journal = Callable[[Drift, str, str, str], Awaitable[None]]
+REPLAYED = frozenset({Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_BEHIND_IN_SQL})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemReport:
+    """One item's comparison: as of which stream position, what was found, what was repaired
+    and what is left after the repairs (equal to ``found`` when nothing was repaired)."""
+
+    item_id: int
+    position: str
+    redis_stock: Stock | None
+    sql_stock: Stock | None
+    found: list[Finding]
+    repairs: list[RepairRecord] = field(default_factory=list)
+    left: list[Finding] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(self, engine: RedisEngine, ledger: Ledger, *, grace_ms: int) -> None:
+        self._engine = engine
+        self._ledger = ledger
+        self._grace_ms = grace_ms
+
+    async def item_ids(self) -> list[int]:
+        """Items to look at: every item Redis has loaded and every sale SQL has not seen end
+        (so a sale Redis lost entirely is still looked at)."""
+        redis = self._engine.redis
+        registry = items_registry(self._engine.prefix)
+        loaded = {int(m) for m in cast(set[str], await redis.smembers(registry))}
+        return sorted(loaded | set(await self._ledger.unfinished_item_ids()))
+
+    async def check(self, item_id: int) -> tuple[list[Finding], ItemBook, Stock | None, str]:
+        """Compare one item now: the Redis snapshot first, then the SQL book (see ``drift``)."""
+        snapshot = await self._engine.snapshot(item_id)
+        book = await self._ledger.book(item_id)
+        stream = self._engine.keys(item_id).events
+        findings = find_drift(
+            snapshot,
+            book,
+            redis_position_now=await self._engine.last_event_id(item_id),
+            dead_letters=await self._ledger.dead_letter_count(stream),
+            grace_ms=self._grace_ms,
+        )
+        return findings, book, snapshot.stock, snapshot.last_event_id
+
+    async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
+        found, book, redis_stock, position = await self.check(item_id)
+        report = ItemReport(
+            item_id=item_id,
+            position=position,
+            redis_stock=redis_stock,
+            sql_stock=book.stock,
+            found=found,
+            left=found,
+        )
+        if not repair or not found:
+            return report
+        repairs = await self._repair(item_id, found, book)
+        left, _, _, _ = await self.check(item_id)
+        for finding in left:
+            log.warning("item %d: drift left after repair: %s %s", item_id, finding.kind, finding)
+        return ItemReport(
+            item_id=item_id,
+            position=position,
+            redis_stock=redis_stock,
+            sql_stock=book.stock,
+            found=found,
+            repairs=repairs,
+            left=left,
+        )
+
+    async def _repair(
+        self, item_id: int, found: list[Finding], book: ItemBook
+    ) -> list[RepairRecord]:
+        kinds = {f.kind for f in found}
+        done: list[RepairRecord] = []
+
+        async def journal(kind: Drift, subject: str, action: str, detail: str) -> None:
+            record = RepairRecord(
+                item_id=item_id, kind=kind, subject=subject, action=action, detail=detail
+            )
+            await self._ledger.record_repair(record)
+            log.warning("item %d: repaired %s (%s): %s; %s", item_id, kind, subject, action, detail)
+            done.append(record)
+
+        if kinds & REDIS_LOST:
+            # Rebuilding from SQL also recounts, and keeps what Redis has beyond SQL; whatever
+            # else is wrong shows again on the next look, against the rebuilt state.
+            recovery = await recover_item(self._engine, self._ledger, item_id)
+            lost = sorted(kinds & REDIS_LOST)
+            await journal(
+                lost[0],
+                "item",
+                "rebuilt Redis from SQL (SQL wins: Redis lost acknowledged writes)",
+                f"found {', '.join(lost)}; {recovery.restored} holds restored, "
+                f"{recovery.advanced} moved forward, {recovery.conflicts} conflicts; "
+                f"now {recovery.stock}",
+            )
+            return done
+
+        for finding in found:
+            if finding.kind is Drift.SQL_ORDER_EDITED and finding.order_id is not None:
+                await self._rewrite_order(item_id, finding, book, journal)
+        replay = [
+            (f.order_id, row.status if (row := book.orders.get(f.order_id)) else None)
+            for f in found
+            if f.kind in REPLAYED and f.order_id is not None
+        ]
+        if replay:
+            replayed = await self._engine.replay_holds(item_id, replay)
+            by_order = {f.order_id: f for f in found if f.kind in REPLAYED}
+            for order_id in replayed:
+                finding = by_order[order_id]
+                await journal(
+                    finding.kind,
+                    finding.subject,
+                    "journaled its events again (Redis wins: every event starts there)",
+                    f"Redis {finding.redis}; SQL {finding.sql}",
+                )
+        if Drift.REDIS_COUNTERS in kinds:
+            stock = await self._engine.recount(item_id)
+            await journal(
+                Drift.REDIS_COUNTERS,
+                "counters",
+                "recounted from the holds (the holds win)",
+                f"now {stock}",
+            )
+        if Drift.SQL_COUNTERS in kinds or Drift.SQL_ORDER_EDITED in kinds:
+            moved = await self._ledger.recount_inventory(item_id)
+            if moved is not None and moved[0] != moved[1]:
+                await journal(
+                    Drift.SQL_COUNTERS,
+                    "inventory",
+                    "recounted from the orders (the orders win)",
+                    f"was {moved[0]}, now {moved[1]}",
+                )
+        if Drift.TOTAL_DIFFERS in kinds:
+            outcome = await warm_item(self._engine, self._ledger, item_id, force=True)
+            await journal(
+                Drift.TOTAL_DIFFERS, "total", "reloaded the item from SQL (SQL wins)", outcome
+            )
+        if Drift.OVERDUE_HOLDS in kinds:
+            released: list[int] = []
+            while batch := await self._engine.expire_due(item_id, limit=500):
+                released += batch
+            await journal(
+                Drift.OVERDUE_HOLDS,
+                f"{len(released)} holds",
+                "released as expired",
+                ", ".join(map(str, released[:20])),
+            )
+        return done
+
+    async def _rewrite_order(
+        self, item_id: int, finding: Finding, book: ItemBook, journal: _Journal
+    ) -> None:
+        assert finding.order_id is not None
+        row = book.orders[finding.order_id]
+        events = [r for r in book.journal if r.order_id == row.order_id]
+        status = fold([(stream_position(r.event_id), r.event) for r in events])
+        quantity = next((r.quantity for r in events if r.quantity), row.quantity)
+        hold = await self._engine.hold(item_id, row.order_id)
+        buyer = hold.buyer if hold is not None else row.buyer
+        if status is None:  # a row with no journal at all: nothing to rebuild it from
+            return
+        if await self._ledger.rewrite_order(
+            row.order_id, status=status, quantity=quantity, buyer=buyer, expected=row
+        ):
+            await journal(
+                Drift.SQL_ORDER_EDITED,
+                finding.subject,
+                "rewrote the row from its journal (the journal wins)",
+                f"was {row.status}: {row.quantity} x {row.buyer}; "
+                f"now {status}: {quantity} x {buyer}",
+            )

@@ -1,0 +1,70 @@
+"""An operator runs `seckill reconcile` (tables or JSON, exit code 1 on drift), repairs with
+--repair, and rebuilds a lost item with `seckill recover`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from seckill.domain.ids import OrderIds
+from seckill.engine.engine import RedisEngine
+from seckill.redis_server import RedisServer
+from seckill.services.items import warm_item
+from seckill.store.ledger import Ledger
+from tests.conftest import new_item
+from tests.integration.test_pipeline import Sale, drain
+from tests.seckill_cli import seckill
+
+
+@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+async def test_reconcile_reports_repairs_and_recover_rebuilds(
+    redis_server: RedisServer,
+    redis: Redis,
+    engine: RedisEngine,
+    ledger: Ledger,
+    sql_url: str,
+    tmp_path: Path,
+) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=2))
+    await warm_item(engine, ledger, item_id)
+    sale = Sale(engine, ledger, redis, item_id, OrderIds(41))
+    paid = await sale.buy("alice", 2)
+    assert paid is not None and await sale.buy("bob")
+    await engine.confirm(item_id, paid)
+    await drain(sale)
+    run = dict(redis_url=redis_server.url, sql_url=sql_url, data_dir=tmp_path)
+
+    healthy = seckill("reconcile", "--json", **run)
+    assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+    [report] = json.loads(healthy.stdout)
+    assert report["item_id"] == item_id and report["drift"] is False
+    assert report["redis"] == report["sql"] == {"total": 10, "available": 7, "held": 1, "sold": 2}
+
+    await redis.hincrby(engine.keys(item_id).item, "held", 4)
+    found = seckill("reconcile", str(item_id), **run)
+    assert found.returncode == 1
+    assert "redis_counters" in found.stdout and "drift" in found.stdout
+
+    repaired = seckill("reconcile", "--repair", "--json", str(item_id), **run)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    [report] = json.loads(repaired.stdout)
+    assert [r["kind"] for r in report["repairs"]] == ["redis_counters"]
+    assert report["left"] == []
+
+    await redis.flushall()
+    lost = seckill("reconcile", str(item_id), **run)
+    assert lost.returncode == 1 and "redis_lost_item" in lost.stdout
+    refused = seckill("item", "warm", str(item_id), **run)
+    assert refused.returncode == 2 and "seckill recover" in refused.stdout
+    recovered = seckill("recover", str(item_id), **run)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert (
+        "2 holds restored" in recovered.stdout and "available 7, held 1, sold 2" in recovered.stdout
+    )
+    again = seckill("reconcile", str(item_id), **run)
+    assert again.returncode == 0, again.stdout
+    unknown = seckill("recover", "999999", **run)
+    assert unknown.returncode == 2 and "not in the database" in unknown.stdout

@@ -1,0 +1,213 @@
+"""The reconciler: drift injected by hand is found (every kind, every time) and repaired so the
+invariants hold again; a healthy sale under load shows none."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from sqlalchemy import update
+
+from seckill.domain.holds import ReleaseReason
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
+from seckill.engine.audit import audit_item
+from seckill.reconcile.drift import Drift
+from seckill.reconcile.reconciler import Reconciler
+from seckill.reconcile.recovery import recover_item
+from seckill.services.items import warm_item
+from seckill.store.tables import Inventory, Order
+from seckill.workers.reconciler import ReconcilerWorker
+from tests.integration.test_pipeline import Sale, assert_sql_matches_redis, drain
+from tests.integration.test_pipeline import sale as sale  # the fixture: an item on sale
+
+GRACE_MS = 60_000
+
+
+def reconciler(sale: Sale) -> Reconciler:
+    return Reconciler(sale.engine, sale.ledger, grace_ms=GRACE_MS)
+
+
+async def assert_invariants(sale: Sale) -> None:
+    """Redis keeps every invariant and SQL agrees with it, order by order and in the counters."""
+    failed = [c for c in await audit_item(sale.engine, sale.item_id, journal=False) if not c.ok]
+    assert not failed, failed
+    await assert_sql_matches_redis(sale)
+    assert (await reconciler(sale).reconcile(sale.item_id)).found == []
+
+
+async def repair_and_drain(sale: Sale, *kinds: Drift) -> None:
+    """Repair: exactly ``kinds`` are found, nothing is left, each repair is journaled, and once
+    the replays have landed the records agree."""
+    report = await reconciler(sale).reconcile(sale.item_id, repair=True)
+    assert sorted({f.kind for f in report.found}) == sorted(set(kinds)), report.found
+    assert report.left == [], report.left
+    assert report.repairs
+    assert await sale.ledger.repairs(sale.item_id) != []
+    await drain(sale)
+    await assert_invariants(sale)
+
+
+async def test_a_healthy_sale_under_load_shows_no_drift(sale: Sale) -> None:
+    """Buyers, payments, releases and two persisters all running while the reconciler looks
+    again and again: never a finding, though SQL is often behind Redis while it looks."""
+    rng = random.Random(4)
+    check = reconciler(sale)
+    persisters = [sale.persister(), sale.persister()]
+    stop = asyncio.Event()
+
+    async def land() -> None:
+        while not stop.is_set():
+            await asyncio.gather(*(p.run_once() for p in persisters))
+
+    async def buy_and_settle(n: int) -> None:
+        order_id = await sale.buy(f"b{n}", rng.choice((1, 2)))
+        if order_id and rng.random() < 0.7:
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            if rng.random() < 0.6:
+                await sale.engine.confirm(sale.item_id, order_id)
+            else:
+                await sale.engine.release(sale.item_id, order_id, ReleaseReason.CANCELLED)
+
+    looks, behind, findings = 0, 0, []
+
+    async def watch() -> None:
+        nonlocal looks, behind
+        while not stop.is_set():
+            report = await check.reconcile(sale.item_id)
+            findings.extend(report.found)
+            looks += 1
+            behind += report.redis_stock != report.sql_stock
+
+    landing, watching = asyncio.create_task(land()), asyncio.create_task(watch())
+    for start in range(0, 1_500, 50):
+        await asyncio.gather(*(buy_and_settle(n) for n in range(start, start + 50)))
+    stop.set()
+    await asyncio.gather(landing, watching)
+    assert findings == []
+    assert looks >= 10 and behind > 0, (looks, behind)  # it looked mid-flight, more than once
+    await drain(sale)
+    await assert_invariants(sale)
+
+
+async def test_events_deleted_before_they_landed_are_found_and_journaled_again(
+    sale: Sale,
+) -> None:
+    ids = [await sale.buy(f"b{n}") for n in range(4)]
+    assert all(ids)
+    await sale.engine.confirm(sale.item_id, ids[1])
+    stream = sale.engine.keys(sale.item_id).events
+    lost = {(str(ids[0]), "reserved"), (str(ids[1]), "paid")}
+    for entry_id, fields in await sale.engine.events(sale.item_id):
+        if (fields.get("order_id"), fields["event"]) in lost:
+            await sale.redis.xdel(stream, entry_id)
+    await drain(sale)
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert {(f.kind, f.order_id) for f in report.found} == {
+        (Drift.ORDER_MISSING_IN_SQL, ids[0]),
+        (Drift.ORDER_BEHIND_IN_SQL, ids[1]),
+    }
+    await repair_and_drain(sale, Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_BEHIND_IN_SQL)
+    assert (await sale.ledger.order(ids[1])).status == "paid"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("edit", ["status", "quantity"])
+async def test_an_edited_order_row_is_found_and_rewritten_from_its_journal(
+    sale: Sale, edit: str
+) -> None:
+    ids = [await sale.buy(f"b{n}") for n in range(3)]
+    await sale.engine.confirm(sale.item_id, ids[0])  # type: ignore[arg-type]
+    await drain(sale)
+    change = {"status": "paid"} if edit == "status" else {"quantity": 2}
+    async with sale.ledger.engine.begin() as conn:
+        await conn.execute(update(Order).where(Order.id == ids[1]).values(**change))
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert {(f.kind, f.order_id) for f in report.found} == {
+        (Drift.SQL_ORDER_EDITED, ids[1]),
+        (Drift.SQL_COUNTERS, None),  # the inventory no longer sums its orders
+    }
+    await repair_and_drain(sale, Drift.SQL_ORDER_EDITED, Drift.SQL_COUNTERS)
+
+
+async def test_a_redis_counter_bumped_by_hand_is_recounted_from_the_holds(sale: Sale) -> None:
+    ids = [await sale.buy(f"b{n}") for n in range(3)]
+    await sale.engine.confirm(sale.item_id, ids[0])  # type: ignore[arg-type]
+    await drain(sale)
+    await sale.redis.hincrby(sale.engine.keys(sale.item_id).item, "available", 5)
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert {f.kind for f in report.found} == {Drift.REDIS_COUNTERS}
+    await repair_and_drain(sale, Drift.REDIS_COUNTERS)
+
+
+async def test_a_sql_counter_bumped_by_hand_is_recounted_from_the_orders(sale: Sale) -> None:
+    await sale.buy("b1")
+    await drain(sale)
+    async with sale.ledger.engine.begin() as conn:
+        await conn.execute(
+            update(Inventory)
+            .where(Inventory.item_id == sale.item_id)
+            .values(held=Inventory.held + 3, available=Inventory.available - 3)
+        )
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert [f.kind for f in report.found] == [Drift.SQL_COUNTERS]
+    await repair_and_drain(sale, Drift.SQL_COUNTERS)
+
+
+async def test_overdue_holds_are_found_and_released(sale: Sale) -> None:
+    ids = [await sale.buy(f"b{n}") for n in range(2)]
+    await drain(sale)
+    holds = sale.engine.keys(sale.item_id).deadlines
+    await sale.redis.zadd(holds, {str(ids[0]): 1_000})  # its deadline long gone; no reaper ran
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert [f.kind for f in report.found] == [Drift.OVERDUE_HOLDS]
+    await repair_and_drain(sale, Drift.OVERDUE_HOLDS)
+    assert (await sale.engine.hold(sale.item_id, ids[0])).reason is ReleaseReason.EXPIRED  # type: ignore[arg-type,union-attr]
+
+
+async def test_flushall_mid_sale_then_recover_and_the_sale_goes_on(sale: Sale) -> None:
+    rng = random.Random(6)
+    ids = [o for o in [await sale.buy(f"b{n}", rng.choice((1, 2))) for n in range(300)] if o]
+    for order_id in ids[:100]:
+        await sale.engine.confirm(sale.item_id, order_id)
+    for order_id in ids[100:150]:
+        await sale.engine.release(sale.item_id, order_id, ReleaseReason.CANCELLED)
+    await drain(sale)
+    before = await sale.ledger.stock(sale.item_id)
+    await sale.redis.flushall()
+
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert [f.kind for f in report.found] == [Drift.REDIS_LOST_ITEM]
+    with pytest.raises(InvalidRequest) as refused:  # warming would put sold units on sale again
+        await warm_item(sale.engine, sale.ledger, sale.item_id)
+    assert refused.value.code is ErrorCode.ITEM_ACTIVE
+    recovered = await recover_item(sale.engine, sale.ledger, sale.item_id)
+    assert recovered.stock == before
+    assert recovered.restored == len(ids)
+    await drain(sale)  # the persister finds the stream again
+    await assert_invariants(sale)
+
+    # The sale goes on, under load, until sold out: no unit sold twice.
+    answers = await asyncio.gather(*(sale.buy(f"c{n}") for n in range(1_500)))
+    assert sum(1 for a in answers if a) > 0
+    await drain(sale)
+    await assert_invariants(sale)
+    stock = await sale.engine.stock(sale.item_id)
+    assert stock is not None and stock.available == 0 and stock.held + stock.sold == stock.total
+
+
+async def test_only_the_lock_holder_reconciles(sale: Sale) -> None:
+    workers = [
+        ReconcilerWorker(
+            reconciler=reconciler(sale),
+            redis=sale.redis,
+            prefix=sale.engine.prefix,
+            interval_s=5,
+            repair=False,
+        )
+        for _ in range(3)
+    ]
+    for _ in range(3):
+        await asyncio.gather(*(w.run_once() for w in workers))
+    assert sorted(w.passes for w in workers) == [0, 0, 3]
+    busy = next(w for w in workers if w.passes)
+    assert [r.item_id for r in busy.reports] == [sale.item_id]
