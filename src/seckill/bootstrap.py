@@ -12,7 +12,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from seckill.config import Settings
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import Clock, RateLimit, RedisEngine
-from seckill.engine.scripts import Scripts
+from seckill.engine.scripts import Durability, Scripts
 from seckill.engine.worker_ids import leased_order_ids
 from seckill.redis_server import RedisServer
 from seckill.store.database import open_database
@@ -51,7 +51,12 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         )
         redis = Redis.from_pool(pool)  # the client owns the pool and closes it
         stack.push_async_callback(redis.aclose)
-        scripts = Scripts(redis)
+        durability = (
+            Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
+            if settings.redis_durability == "replicas"
+            else None
+        )
+        scripts = Scripts(redis, durability=durability)
         await scripts.load()
         if settings.worker_id is not None:
             order_ids = OrderIds(settings.worker_id)

@@ -28,6 +28,19 @@ class Settings(BaseSettings):
     redis_max_connections: int = Field(64, ge=1)
     key_prefix: str = Field("seckill", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
 
+    # When an engine write counts as done (see the README's "Durability").
+    redis_durability: Literal["fast", "replicas"] = Field(
+        "fast",
+        description="fast: answer once the primary ran the write. replicas: answer once "
+        "redis_wait_replicas replicas acknowledged it too (WAIT), else 503 not_durable.",
+    )
+    redis_wait_replicas: int = Field(
+        1, ge=1, description="replicas: how many replicas must acknowledge each write."
+    )
+    redis_wait_timeout_ms: int = Field(
+        100, ge=1, description="replicas: the longest a write waits for them before 503."
+    )
+
     hold_seconds: int = Field(300, ge=1, description="Default time a buyer has to pay.")
     per_buyer_limit: int = Field(1, ge=1, description="Default units one buyer may hold or buy.")
     idempotency_ttl_seconds: int = Field(86_400, ge=1)

@@ -22,6 +22,7 @@ from seckill.api.limits import BodyTooLarge
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import WorkerIdLost
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.engine.scripts import NotDurable
 from seckill.security.signatures import BadSignature
 from seckill.security.tokens import InvalidToken
 from seckill.services.items import UnknownItem
@@ -150,6 +151,12 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RedisTimeoutError)
     async def redis_down(_: Request, exc: Exception) -> Any:
         return _render(503, "redis_unavailable", "Redis is unreachable", {"Retry-After": "1"})
+
+    # Written on the primary but not yet on enough replicas: not a yes. A retry with the same key
+    # replays the same answer, checked again.
+    @app.exception_handler(NotDurable)
+    async def not_durable(_: Request, exc: NotDurable) -> Any:
+        return _render(503, "not_durable", str(exc), {"Retry-After": "1"})
 
     @app.exception_handler(WorkerIdLost)
     async def no_ids(_: Request, exc: WorkerIdLost) -> Any:

@@ -3,6 +3,9 @@
 Each item script is ``_common.lua`` followed by its own file. A server that lost its script cache
 (a restart, a failover, SCRIPT FLUSH) answers NOSCRIPT; the call then loads the script again and
 retries once, which is safe because a NOSCRIPT reply means the script did not run.
+
+With a ``Durability``, each write script is sent together with ``WAIT`` in one round trip, and an
+answer that reports a write is returned only once enough replicas have acknowledged it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
-from seckill.domain.outcomes import ErrorCode, InvalidRequest
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 
 LUA_DIR = files("seckill.engine") / "lua"
 
@@ -43,6 +46,24 @@ ITEM_SCRIPTS = frozenset(
 )  # fmt: skip
 
 
+# The writes whose answers reach buyers, admins and the payment provider: with a Durability they
+# wait for replicas. The lease scripts only guard order-id worker ids (a lost renewal is renewed
+# again); the repair scripts are an operator's, re-run until the reconciler finds no drift.
+WAITED_SCRIPTS = frozenset(
+    {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
+     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE}
+)  # fmt: skip
+
+
+# Answers that refuse without promising anything: no one is told yes, so there is nothing to keep
+# (a counted attempt's rate counter is their one write; losing it only gives an attempt back).
+NOTHING_PROMISED = frozenset(
+    {Outcome.SOLD_OUT, Outcome.INSUFFICIENT_STOCK, Outcome.LIMIT_REACHED, Outcome.NOT_STARTED,
+     Outcome.ENDED, Outcome.UNKNOWN_ITEM, Outcome.RATE_LIMITED, Outcome.KEY_REUSED,
+     Outcome.UNKNOWN_ORDER}
+)  # fmt: skip
+
+
 def script_text(name: ScriptName) -> str:
     """One script as sent to Redis (an item script starts with the shared helpers)."""
     own = (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
@@ -58,6 +79,46 @@ class Script:
     sha: str
 
 
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Answer a write only once ``replicas`` replicas hold it, waiting at most ``timeout_ms``."""
+
+    replicas: int
+    timeout_ms: int
+
+    def __post_init__(self) -> None:
+        # WAIT with a timeout of 0 would block forever.
+        if self.replicas < 1 or self.timeout_ms < 1:
+            raise ValueError(f"durability needs replicas >= 1 and timeout_ms >= 1, got {self}")
+
+
+class NotDurable(Exception):
+    """A write script ran on the primary, but too few replicas acknowledged it in time.
+
+    The write stands on the primary and may still replicate, or be lost with it: the caller
+    must not report success. Repeating the request is safe (idempotency keys, compare-and-set
+    transitions) and answers again once the write is replicated.
+    """
+
+    def __init__(self, script: ScriptName, *, acked: int, durability: Durability) -> None:
+        super().__init__(
+            f"{script} ran on the primary but was acknowledged by {acked} of "
+            f"{durability.replicas} replicas within {durability.timeout_ms} ms"
+        )
+        self.script = script
+        self.acked = acked
+        self.durability = durability
+
+
+def promises_a_write(reply: Any) -> bool:
+    """Whether a script's (non-error) reply tells the caller that something was written."""
+    if not isinstance(reply, list):
+        return True
+    if not reply:
+        return False  # expire_due with nothing due
+    return reply[0] not in NOTHING_PROMISED
+
+
 def _refusal(exc: ResponseError) -> InvalidRequest | None:
     """Turn a script's error reply (``code: message``) into InvalidRequest, if it is one of ours."""
     code, sep, message = str(exc).partition(": ")
@@ -67,10 +128,14 @@ def _refusal(exc: ResponseError) -> InvalidRequest | None:
 
 
 class Scripts:
-    """Every script of the engine, ready to call on one Redis client."""
+    """Every script of the engine, ready to call on one Redis client.
 
-    def __init__(self, redis: Redis) -> None:
+    ``durability`` None answers as soon as the primary ran the script ("fast").
+    """
+
+    def __init__(self, redis: Redis, *, durability: Durability | None = None) -> None:
         self._redis = redis
+        self._durability = durability
         self._scripts = {
             name: Script(name, src, hashlib.sha1(src.encode()).hexdigest())
             for name in ScriptName
@@ -85,8 +150,16 @@ class Scripts:
         for script in self._scripts.values():
             await self._redis.script_load(script.source)
 
+    @property
+    def durability(self) -> Durability | None:
+        return self._durability
+
     async def call(self, name: ScriptName, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+        """Run one script; its error reply of ours raises InvalidRequest, a write that too few
+        replicas acknowledged raises NotDurable."""
         script = self._scripts[name]
+        if self._durability is not None and name in WAITED_SCRIPTS:
+            return await self._call_durably(script, keys, args, self._durability)
         try:
             try:
                 return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
@@ -98,3 +171,43 @@ class Scripts:
             if refusal is None:
                 raise
             raise refusal from None
+
+    async def _call_durably(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        durability: Durability,
+    ) -> Any:
+        # EVALSHA and WAIT in one pipeline: one round trip, on one connection, which is what WAIT
+        # counts (the replicas that acknowledged this connection's writes so far). A replay
+        # writes nothing, so it is checked against this connection's latest write: usually
+        # later than the write it repeats, but not always (a connection idle since before it).
+        # Error replies wrote nothing: they raise as in the plain path, whatever WAIT said.
+        reply, acked = await self._evalsha_then_wait(script, keys, args, durability)
+        if isinstance(reply, NoScriptError):
+            await self._redis.script_load(script.source)
+            reply, acked = await self._evalsha_then_wait(script, keys, args, durability)
+        if isinstance(reply, ResponseError):
+            refusal = _refusal(reply)
+            if refusal is None:
+                raise reply
+            raise refusal from None
+        if isinstance(acked, Exception):
+            raise acked
+        if acked < durability.replicas and promises_a_write(reply):
+            raise NotDurable(script.name, acked=acked, durability=durability)
+        return reply
+
+    async def _evalsha_then_wait(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        durability: Durability,
+    ) -> tuple[Any, Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            pipe.wait(durability.replicas, durability.timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+        return reply, acked
