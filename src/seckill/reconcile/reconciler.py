@@ -23,6 +23,7 @@ Every repair is journaled in the ``repairs`` table.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from typing import cast
 
 from seckill.domain.events import stream_position
 from seckill.domain.items import Stock
-from seckill.engine.engine import RedisEngine
+from seckill.engine.engine import ItemSnapshot, RedisEngine
 from seckill.engine.keys import items_registry
 from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold
 from seckill.reconcile.recovery import recover_item
@@ -57,6 +58,15 @@ class ItemReport:
     left: list[Finding] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """One look at an item: both sides as read, and what disagrees."""
+
+    snapshot: ItemSnapshot
+    book: ItemBook
+    findings: list[Finding]
+
+
 class Reconciler:
     def __init__(self, engine: RedisEngine, ledger: Ledger, *, grace_ms: int) -> None:
         self._engine = engine
@@ -71,7 +81,7 @@ class Reconciler:
         loaded = {int(m) for m in cast(set[str], await redis.smembers(registry))}
         return sorted(loaded | set(await self._ledger.unfinished_item_ids()))
 
-    async def check(self, item_id: int) -> tuple[list[Finding], ItemBook, Stock | None, str]:
+    async def compare(self, item_id: int) -> Comparison:
         """Compare one item now: the Redis snapshot first, then the SQL book (see ``drift``)."""
         snapshot = await self._engine.snapshot(item_id)
         book = await self._ledger.book(item_id)
@@ -83,33 +93,26 @@ class Reconciler:
             dead_letters=await self._ledger.dead_letter_count(stream),
             grace_ms=self._grace_ms,
         )
-        return findings, book, snapshot.stock, snapshot.last_event_id
+        return Comparison(snapshot, book, findings)
 
     async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
-        found, book, redis_stock, position = await self.check(item_id)
+        compared = await self.compare(item_id)
+        found = compared.findings
         report = ItemReport(
             item_id=item_id,
-            position=position,
-            redis_stock=redis_stock,
-            sql_stock=book.stock,
+            position=compared.snapshot.last_event_id,
+            redis_stock=compared.snapshot.stock,
+            sql_stock=compared.book.stock,
             found=found,
             left=found,
         )
         if not repair or not found:
             return report
-        repairs = await self._repair(item_id, found, book)
-        left, _, _, _ = await self.check(item_id)
+        repairs = await self._repair(item_id, found, compared.book)
+        left = (await self.compare(item_id)).findings
         for finding in left:
             log.warning("item %d: drift left after repair: %s %s", item_id, finding.kind, finding)
-        return ItemReport(
-            item_id=item_id,
-            position=position,
-            redis_stock=redis_stock,
-            sql_stock=book.stock,
-            found=found,
-            repairs=repairs,
-            left=left,
-        )
+        return dataclasses.replace(report, repairs=repairs, left=left)
 
     async def _repair(
         self, item_id: int, found: list[Finding], book: ItemBook

@@ -12,7 +12,8 @@ from collections import Counter
 from seckill.domain.items import Stock
 from seckill.engine.audit import Check, journal_check
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile.drift import Drift, find_drift
+from seckill.reconcile.drift import Drift
+from seckill.reconcile.reconciler import Reconciler
 from seckill.store.ledger import Ledger
 
 ORDER_DRIFT = frozenset(
@@ -22,15 +23,9 @@ ORDER_DRIFT = frozenset(
 
 
 async def compare_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> list[Check]:
-    snapshot = await engine.snapshot(item_id)
-    book = await ledger.book(item_id)
-    findings = find_drift(
-        snapshot,
-        book,
-        redis_position_now=await engine.last_event_id(item_id),
-        dead_letters=0,
-        grace_ms=2**62,  # overdue holds are the reaper's business, not a disagreement
-    )
+    # Overdue holds are the reaper's business, not a disagreement: a grace that never ends.
+    compared = await Reconciler(engine, ledger, grace_ms=2**62).compare(item_id)
+    snapshot, book, findings = compared.snapshot, compared.book, compared.findings
     orders = [f for f in findings if f.kind in ORDER_DRIFT]
     shown = "; ".join(f"{f.kind} {f.subject}" for f in orders[:3])
     return [
