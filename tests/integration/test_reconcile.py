@@ -7,7 +7,7 @@ import asyncio
 import random
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import delete, update
 
 from seckill.domain.holds import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
@@ -127,6 +127,23 @@ async def test_an_edited_order_row_is_found_and_rewritten_from_its_journal(
         (Drift.SQL_COUNTERS, None),  # the inventory no longer sums its orders
     }
     await repair_and_drain(sale, Drift.SQL_ORDER_EDITED, Drift.SQL_COUNTERS)
+
+
+async def test_a_deleted_order_row_is_found_and_left_for_a_person(sale: Sale) -> None:
+    ids = [await sale.buy(f"b{n}") for n in range(3)]
+    await sale.engine.confirm(sale.item_id, ids[0])  # type: ignore[arg-type]
+    await drain(sale)
+    async with sale.ledger.engine.begin() as conn:
+        await conn.execute(delete(Order).where(Order.id == ids[0]))
+    before = await sale.ledger.stock(sale.item_id)
+    report = await reconciler(sale).reconcile(sale.item_id, repair=True)
+    assert {(f.kind, f.order_id) for f in report.found} == {
+        (Drift.SQL_ORDER_DELETED, ids[0]),
+        (Drift.SQL_COUNTERS, None),  # the inventory no longer sums its orders
+    }
+    # Not repaired: the orders are incomplete, so the inventory is not recounted from them.
+    assert {f.kind for f in report.left} == {Drift.SQL_ORDER_DELETED, Drift.SQL_COUNTERS}
+    assert await sale.ledger.stock(sale.item_id) == before
 
 
 async def test_a_redis_counter_bumped_by_hand_is_recounted_from_the_holds(sale: Sale) -> None:

@@ -10,9 +10,18 @@ from seckill.api.auth import AdminIdentity
 from seckill.api.buyers import ItemId, item_out
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
-from seckill.api.schemas import Counters, ItemCountersOut, ItemOut, NewItemIn, WarmOut
+from seckill.api.schemas import (
+    AuditOut,
+    CheckOut,
+    Counters,
+    ItemCountersOut,
+    ItemOut,
+    NewItemIn,
+    WarmOut,
+)
 from seckill.domain.items import Stock
-from seckill.services.items import item_counters, item_on_sale, warm_item
+from seckill.reconcile.records import audit_records
+from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
 from seckill.store.ledger import NewItem
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
@@ -76,6 +85,25 @@ async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersO
         sql=_counters(found.sql),
         backlog=found.backlog,
         agree=found.redis == found.sql,
+    )
+
+
+@router.get(
+    "/items/{item_id}/audit",
+    response_model=AuditOut,
+    responses=documented(401, 403, 404, 422, 503),
+)
+async def audit(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> AuditOut:
+    """Check the item's invariants in Redis, and Redis against SQL, from one look: stock
+    balanced, buyers within their limit, every order in SQL, the same counters on both sides."""
+    runtime = ctx.runtime
+    if await runtime.ledger.stock(item_id) is None and await runtime.engine.stock(item_id) is None:
+        raise UnknownItem(f"no item {item_id}")
+    checks = await audit_records(runtime.engine, runtime.ledger, item_id)
+    return AuditOut(
+        item_id=item_id,
+        passed=all(c.ok for c in checks),
+        checks=[CheckOut(name=c.name, ok=c.ok, detail=c.detail) for c in checks],
     )
 
 

@@ -75,6 +75,21 @@ class ItemCountersOut(BaseModel):
     agree: bool = Field(description="Redis and SQL counters are equal (expected once drained).")
 
 
+class CheckOut(BaseModel):
+    name: str
+    ok: bool
+    detail: str
+
+
+class AuditOut(BaseModel):
+    item_id: int
+    passed: bool
+    checks: list[CheckOut] = Field(
+        description="The item's invariants in Redis, then Redis against SQL (exact once the "
+        "stream has landed: backlog 0)."
+    )
+
+
 class BuyIn(_In):
     quantity: int = Field(1, ge=1, le=MAX_QUANTITY)
 

@@ -38,6 +38,7 @@ class Drift(StrEnum):
     ORDER_BEHIND_IN_REDIS = "order_behind_in_redis"  # SQL landed a move Redis has lost
     ORDER_CONFLICT = "order_conflict"  # the two went different ways (paid in one, released...)
     SQL_ORDER_EDITED = "sql_order_edited"  # an order row disagrees with its own journal
+    SQL_ORDER_DELETED = "sql_order_deleted"  # an order row is gone; its journal remains
     REDIS_COUNTERS = "redis_counters"  # Redis counters disagree with Redis holds
     SQL_COUNTERS = "sql_counters"  # SQL inventory disagrees with SQL orders
     TOTAL_DIFFERS = "total_differs"  # the item's total differs, no reload on its way
@@ -183,6 +184,17 @@ def _order_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) 
             continue
         in_redis = hold.order_status if hold else None
         in_sql = row.status if row else None
+        if row is None and recorded is not None:
+            findings.append(
+                Finding(
+                    Drift.SQL_ORDER_DELETED,
+                    subject,
+                    _order(hold),
+                    "absent",
+                    f"its journal says {recorded}; the row is gone",
+                    order_id,
+                )
+            )
         if row is not None and (
             recorded != row.status
             or any(r.quantity != row.quantity for r in journal[order_id] if r.quantity)

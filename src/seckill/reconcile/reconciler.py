@@ -15,8 +15,10 @@ Which side wins a repair, and why:
   SQL (the order rows); the counters are only their sums.
 - the item's total: **SQL** wins; items are created and changed there and warmed into Redis.
 - holds past their deadline: released now, as the reaper would.
-- dead letters and orders that went different ways (paid in one, released in the other): not
-  repaired; a person decides (a refund, a replay once the cause is fixed).
+- dead letters, orders that went different ways (paid in one, released in the other) and order
+  rows deleted from SQL while their journal remains: not repaired; a person decides (a refund,
+  a replay once the cause is fixed, the row restored from a backup). While a row is missing
+  the SQL counters are not recounted either: the orders are incomplete, so they cannot win.
 
 Every repair is journaled in the ``repairs`` table.
 """
@@ -170,7 +172,9 @@ class Reconciler:
                 "recounted from the holds (the holds win)",
                 f"now {stock}",
             )
-        if Drift.SQL_COUNTERS in kinds or Drift.SQL_ORDER_EDITED in kinds:
+        if kinds & {Drift.SQL_COUNTERS, Drift.SQL_ORDER_EDITED} and (
+            Drift.SQL_ORDER_DELETED not in kinds
+        ):
             moved = await self._ledger.recount_inventory(item_id)
             if moved is not None and moved[0] != moved[1]:
                 await journal(

@@ -10,21 +10,36 @@ from __future__ import annotations
 from collections import Counter
 
 from seckill.domain.items import Stock
-from seckill.engine.audit import Check, journal_check
+from seckill.engine.audit import Check, audit_snapshot, journal_check
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Reconciler
+from seckill.reconcile.reconciler import Comparison, Reconciler
 from seckill.store.ledger import Ledger
 
 ORDER_DRIFT = frozenset(
     {Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_MISSING_IN_REDIS, Drift.ORDER_BEHIND_IN_SQL,
-     Drift.ORDER_BEHIND_IN_REDIS, Drift.ORDER_CONFLICT, Drift.SQL_ORDER_EDITED}
+     Drift.ORDER_BEHIND_IN_REDIS, Drift.ORDER_CONFLICT, Drift.SQL_ORDER_EDITED,
+     Drift.SQL_ORDER_DELETED}
 )  # fmt: skip
 
 
 async def compare_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> list[Check]:
+    return _agreement(await _compare(engine, ledger, item_id))
+
+
+async def audit_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> list[Check]:
+    """Every check on one item from one look: its invariants in Redis (the stream's journal
+    left to SQL's, as a persister trims it), then Redis against SQL."""
+    compared = await _compare(engine, ledger, item_id)
+    return audit_snapshot(compared.snapshot, journal=False) + _agreement(compared)
+
+
+async def _compare(engine: RedisEngine, ledger: Ledger, item_id: int) -> Comparison:
     # Overdue holds are the reaper's business, not a disagreement: a grace that never ends.
-    compared = await Reconciler(engine, ledger, grace_ms=2**62).compare(item_id)
+    return await Reconciler(engine, ledger, grace_ms=2**62).compare(item_id)
+
+
+def _agreement(compared: Comparison) -> list[Check]:
     snapshot, book, findings = compared.snapshot, compared.book, compared.findings
     orders = [f for f in findings if f.kind in ORDER_DRIFT]
     shown = "; ".join(f"{f.kind} {f.subject}" for f in orders[:3])
