@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -10,7 +11,7 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,8 +21,8 @@ from seckill import __version__
 
 if TYPE_CHECKING:
     from seckill.bootstrap import Runtime
-    from seckill.config import Settings
-    from seckill.demo import DemoPlan
+    from seckill.crowd.client import Credentials
+    from seckill.crowd.plan import CrowdPlan
     from seckill.domain.items import Stock
     from seckill.reconcile.reconciler import ItemReport
     from seckill.services.item_cache import ItemCache
@@ -449,68 +450,133 @@ def dead_letters_replay(
         raise typer.Exit(1)
 
 
+_REPORT_DIR = typer.Option(
+    Path("seckill-reports"), help="Where the JSON result and the HTML report are written."
+)
+_CONCURRENCY = typer.Option(64, min=1, help="Buyers in flight at once.")
+_LIMIT = typer.Option(2, min=1, help="Units one buyer may hold or buy.")
+_HOLD = typer.Option(2, min=1, help="Seconds a buyer has to pay.")
+
+
 @app.command()
 def demo(
-    buyers: int = typer.Option(2_000, min=1, help="Buyers in the first crowd."),
+    buyers: int = typer.Option(10_000, min=1, help="Buyers in the first crowd."),
     units: int = typer.Option(100, min=1, help="Units on sale."),
-    limit: int = typer.Option(2, min=1, help="Units one buyer may hold or buy."),
-    hold_seconds: int = typer.Option(2, min=1, help="How long a buyer has to pay."),
+    limit: int = _LIMIT,
+    hold_seconds: int = _HOLD,
+    concurrency: int = _CONCURRENCY,
+    report_dir: Path = _REPORT_DIR,
 ) -> None:
-    """Run a scripted flash sale (Redis, then SQL) and print its verdict table."""
-    from seckill.config import Settings
-    from seckill.demo import DemoPlan
+    """A live flash sale: start the API and workers on embedded defaults, rush them with a
+    crowd over HTTP, and print the verdict (exit 1 if any check fails)."""
+    from seckill.crowd.client import Credentials
+    from seckill.demo import ServerFailed, demo_settings, serving
 
-    settings = Settings()
-    plan = DemoPlan(buyers=buyers, units=units, per_buyer_limit=limit, hold_seconds=hold_seconds)
-    if settings.redis_url:
-        passed = asyncio.run(_demo(settings, plan))
-    else:
-        # The demo's embedded Redis is throwaway: it never touches the real data directory.
-        with tempfile.TemporaryDirectory(prefix="seckill-demo-") as scratch:
-            passed = asyncio.run(
-                _demo(settings.model_copy(update={"data_dir": Path(scratch)}), plan)
-            )
+    plan = _plan(
+        buyers=buyers, units=units, per_buyer_limit=limit, hold_seconds=hold_seconds,
+        concurrency=concurrency,
+    )  # fmt: skip
+    console.print(
+        f"[bold]Flash sale[/]: {plan.buyers:,} buyers (then {plan.late_crowd:,} late ones) for "
+        f"{plan.units:,} units, limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s,"
+        f" {plan.concurrency} in flight"
+    )
+    # The demo's data directory is throwaway: it never touches the real one.
+    with (
+        tempfile.TemporaryDirectory(prefix="seckill-demo-") as scratch,
+        contextlib.ExitStack() as stack,
+    ):
+        settings = demo_settings(Path(scratch))
+        try:
+            with console.status("starting seckill serve: API, persister, reaper, reconciler"):
+                url = stack.enter_context(serving(settings.data_dir))
+        except ServerFailed as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+        console.print(f"seckill serve is up on {url}; the crowd rushes in")
+        passed = _rehearse(
+            "demo", url, plan, Credentials.from_settings(settings),
+            database_url=settings.effective_database_url, report_dir=report_dir,
+        )  # fmt: skip
     raise typer.Exit(0 if passed else 1)
 
 
-async def _demo(settings: Settings, plan: DemoPlan) -> bool:
-    from seckill.bootstrap import open_runtime
-    from seckill.demo import run_demo
+@app.command()
+def bench(
+    url: str = typer.Option(..., help="The deployment's base URL, e.g. http://127.0.0.1:8000."),
+    admin_token: str | None = typer.Option(
+        None, envvar="SECKILL_ADMIN_TOKEN", help="An admin token (default: minted from the keys)."
+    ),
+    database_url: str | None = typer.Option(
+        None, help="The deployment's SQL database, to audit its order rows too."
+    ),
+    buyers: int = typer.Option(
+        10_000, min=1, help="Buyers in the first crowd (a cap with --duration)."
+    ),
+    late_buyers: int | None = typer.Option(
+        None, min=0, help="Buyers for the units that come back (default: a quarter of --buyers)."
+    ),
+    duration: float | None = typer.Option(
+        None, min=0.1, help="Seconds the first crowd keeps arriving (default: until --buyers)."
+    ),
+    units: int = typer.Option(100, min=1, help="Units of the item the bench puts on sale."),
+    limit: int = _LIMIT,
+    hold_seconds: int = _HOLD,
+    concurrency: int = _CONCURRENCY,
+    pay: float = typer.Option(0.5, min=0, max=1, help="Share of holds paid."),
+    fail: float = typer.Option(0.05, min=0, max=1, help="Share of holds whose payment fails."),
+    cancel: float = typer.Option(0.2, min=0, max=1, help="Share of holds cancelled."),
+    replay: float = typer.Option(0.1, min=0, max=1, help="Share of buyers who click twice."),
+    seed: int = typer.Option(7, help="The crowd's random seed."),
+    report_dir: Path = _REPORT_DIR,
+) -> None:
+    """Rehearse a sale against a running deployment: a new item, the crowd over HTTP, per
+    outcome req/s and latency, then the verdict (exit 1 if any check fails, 2 if the sale
+    could not be set up). Buyer tokens and payment notices are signed with the deployment's
+    keys, read from the same SECKILL_* settings it runs with."""
+    from seckill.config import Settings
+    from seckill.crowd.client import Credentials
 
-    async with open_runtime(settings) as runtime:
-        info = await runtime.redis.info("server")
-        where = "embedded, bundled" if runtime.embedded_redis else settings.redis_url
-        console.print(
-            f"[bold]Flash sale[/]: {plan.buyers:,} buyers for {plan.units:,} units, "
-            f"limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s "
-            f"(Redis {info['redis_version']}, {where})"
-        )
-        with console.status("buyers are rushing in..."):
-            report = await run_demo(runtime, plan)
+    plan = _plan(
+        buyers=buyers, late_buyers=late_buyers, duration_s=duration, units=units,
+        per_buyer_limit=limit, hold_seconds=hold_seconds, concurrency=concurrency, pay=pay,
+        fail=fail, cancel=cancel, replay=replay, seed=seed,
+    )  # fmt: skip
+    try:
+        credentials = Credentials.from_settings(Settings(), admin_token=admin_token)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    passed = _rehearse(
+        "bench", url, plan, credentials, database_url=database_url, report_dir=report_dir
+    )
+    raise typer.Exit(0 if passed else 1)
 
-    outcomes = Table(title=f"Answers (item {report.item_id})")
-    outcomes.add_column("outcome")
-    outcomes.add_column("requests", justify="right")
-    for outcome, count in report.outcomes.most_common():
-        outcomes.add_row(outcome.value, f"{count:,}")
-    console.print(outcomes)
-    console.print(
-        f"{len(report.latencies_ms):,} reservation requests at "
-        f"{report.reservations_per_s:,.0f}/s; latency (waiting for a connection included) "
-        f"p50 {report.latency_ms(0.5):.2f} ms, "
-        f"p99 {report.latency_ms(0.99):.2f} ms"
-    )
-    verdicts = Table(title="Verdict")
-    verdicts.add_column("check")
-    verdicts.add_column("result")
-    verdicts.add_column("detail")
-    for check in report.checks:
-        verdicts.add_row(check.name, "[green]pass[/]" if check.ok else "[red]FAIL[/]", check.detail)
-    console.print(verdicts)
-    console.print(
-        "[bold green]All checks pass.[/]" if report.passed else "[bold red]Checks failed.[/]"
-    )
-    return report.passed
+
+def _plan(**options: Any) -> CrowdPlan:
+    from seckill.crowd.plan import CrowdPlan
+
+    try:
+        return CrowdPlan(**options)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _rehearse(
+    kind: str, url: str, plan: CrowdPlan, credentials: Credentials, **options: Any
+) -> bool:
+    import aiohttp
+
+    from seckill.crowd.rehearsal import rehearse
+    from seckill.crowd.sale import SaleRefused
+
+    try:
+        done = asyncio.run(rehearse(url, plan, credentials, kind=kind, console=console, **options))
+    except (SaleRefused, aiohttp.ClientError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    return done.result["passed"]
 
 
 if __name__ == "__main__":

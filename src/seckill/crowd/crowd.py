@@ -1,0 +1,245 @@
+"""The crowd itself: buyers over HTTP in two waves, every request recorded.
+
+A buyer asks for a purchase ticket, buys with an idempotency key (some send it twice, as a
+double click does), and then pays, has the payment fail, cancels, or lets the hold run out
+(``plan.Fate``). A request that gets no answer is sent again with the same key or payment id,
+as a careful client does; those are safe to repeat. Once the first crowd's holds have run out,
+a late crowd buys (and pays for) the units that came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from seckill.crowd.client import TRANSPORT_ERROR, ApiClient, Reply
+from seckill.crowd.plan import CrowdPlan, Fate
+
+RESERVED = "reserved"
+_ATTEMPTS = 3  # sends of one idempotent request that got no answer
+
+
+@dataclass(frozen=True, slots=True)
+class BuyerSpec:
+    name: str
+    quantity: int
+    replay: bool
+    fate: Fate
+    wave: int
+
+
+@dataclass(slots=True, kw_only=True)
+class CrowdOrder:
+    """An order a buyer was told it holds, and what the crowd was last told of its status."""
+
+    order_id: str
+    buyer: str
+    key: str
+    quantity: int
+    fate: Fate
+    wave: int
+    status: str = "held"
+    release_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StockPoint:
+    t: float
+    available: int
+    held: int
+    sold: int
+    backlog: int
+
+
+@dataclass(slots=True)
+class CrowdLog:
+    """Everything the crowd sent and was told. Times are seconds since ``started``."""
+
+    started: float = field(default_factory=time.perf_counter)
+    samples: list[tuple[float, str, str, float]] = field(default_factory=list)
+    counts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (action, outcome)
+    orders: dict[str, CrowdOrder] = field(default_factory=dict)
+    replays: int = 0
+    replays_differing: list[str] = field(default_factory=list)
+    stock: list[StockPoint] = field(default_factory=list)
+    phase: str = "starting"
+    crowd_s: float = 0.0  # wall time spent in the waves
+    buyers_sent: int = 0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.started
+
+    def record(self, action: str, reply: Reply, *, accepted: str | None = None) -> Reply:
+        outcome = accepted if accepted is not None and reply.status < 300 else reply.outcome
+        self.samples.append((self.now() - reply.ms / 1000, action, outcome, reply.ms))
+        self.counts[action, outcome] += 1
+        return reply
+
+
+class Crowd:
+    def __init__(self, client: ApiClient, item_id: int, plan: CrowdPlan, log: CrowdLog) -> None:
+        self.client = client
+        self.item_id = item_id
+        self.plan = plan
+        self.log = log
+        self.rng = random.Random(plan.seed)
+
+    def first_wave(self) -> Iterator[BuyerSpec]:
+        for n in range(self.plan.buyers):
+            yield self._spec(f"buyer-{n}", wave=1, fate=self.plan.fate(self.rng))
+
+    def late_wave(self) -> Iterator[BuyerSpec]:
+        for n in range(self.plan.late_crowd):
+            yield self._spec(f"late-{n}", wave=2, fate=Fate.PAY)
+
+    def _spec(self, name: str, *, wave: int, fate: Fate) -> BuyerSpec:
+        replay = self.rng.random() < self.plan.replay
+        return BuyerSpec(name, self.plan.quantity(self.rng), replay, fate, wave)
+
+    async def run_wave(self, buyers: Iterator[BuyerSpec], *, duration_s: float | None) -> None:
+        """Send ``buyers`` through, ``plan.concurrency`` at a time; none starts after
+        ``duration_s``."""
+        started = time.perf_counter()
+        deadline = None if duration_s is None else started + duration_s
+
+        async def lane() -> None:
+            for spec in buyers:  # one iterator shared by every lane
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return
+                self.log.buyers_sent += 1
+                await self.buyer(spec)
+
+        await asyncio.gather(*(lane() for _ in range(self.plan.concurrency)))
+        self.log.crowd_s += time.perf_counter() - started
+
+    async def buyer(self, spec: BuyerSpec) -> None:
+        log, client, item = self.log, self.client, self.item_id
+        issued = await self._send(
+            "ticket", lambda: client.ticket(item, spec.name), accepted="issued"
+        )
+        if issued.status != 200:
+            return
+        ticket = str(issued.body["ticket"])
+        key = f"{spec.name}-click"
+
+        async def buy() -> Reply:
+            return await client.buy(item, spec.name, ticket=ticket, key=key, quantity=spec.quantity)
+
+        held = await self._send("buy", buy, accepted=RESERVED)
+        if spec.replay:  # a double click: the same key again must change nothing
+            again = await self._send("replay", buy, accepted=RESERVED)
+            if held.status == 202:
+                log.replays += 1
+                if again.status != 202 or again.body.get("order_id") != held.body["order_id"]:
+                    log.replays_differing.append(f"{spec.name}: {again.outcome}")
+            else:  # a refusal had no effect and is decided afresh: units may have come back
+                held = again
+        if held.status != 202:
+            return
+        order = CrowdOrder(
+            order_id=str(held.body["order_id"]),
+            buyer=spec.name,
+            key=key,
+            quantity=spec.quantity,
+            fate=spec.fate,
+            wave=spec.wave,
+        )
+        log.orders[order.order_id] = order
+        await self._settle(order, repeat_notice=spec.replay)
+
+    async def _settle(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
+        client, oid = self.client, order.order_id
+        if order.fate is Fate.EXPIRE:
+            order.status, order.release_reason = "released", "expired"
+            return
+        if order.fate is Fate.CANCEL:
+            answer = await self._send("cancel", lambda: client.cancel(order.buyer, oid))
+            self._learn(order, answer, status="status", reason=answer.body.get("release_reason"))
+            return
+        succeeded = order.fate is Fate.PAY
+        action = "pay" if succeeded else "fail"
+
+        async def notify() -> Reply:
+            return await client.notify_payment(
+                oid, payment_id=f"{action}-{oid}", succeeded=succeeded
+            )
+
+        answers = [await self._send(action, notify)]
+        if repeat_notice:  # providers repeat notices: the same one again has no new effect
+            answers.append(await self._send(action, notify))
+        for answer in answers:
+            # A failure that released the hold says why; one that found it released does not.
+            reason = "payment_failed" if answer.body.get("outcome") == "released" else None
+            self._learn(order, answer, status="order_status", reason=reason)
+
+    @staticmethod
+    def _learn(order: CrowdOrder, answer: Reply, *, status: str, reason: str | None) -> None:
+        if answer.status == 200:
+            order.status, order.release_reason = str(answer.body[status]), reason
+
+    async def _send(self, action: str, call: Any, *, accepted: str | None = None) -> Reply:
+        for _ in range(_ATTEMPTS):
+            answer: Reply = self.log.record(action, await call(), accepted=accepted)
+            if answer.outcome != TRANSPORT_ERROR:
+                break
+        return answer
+
+
+class StockWatch:
+    """Polls the item's counters (the admin API) while the crowd runs: for the live view, the
+    report's stock chart, and to know when holds have run out or the stream has landed."""
+
+    def __init__(self, client: ApiClient, item_id: int, log: CrowdLog, *, every_s: float) -> None:
+        self.client = client
+        self.item_id = item_id
+        self.log = log
+        self.every_s = every_s
+        self.latest: dict[str, Any] | None = None
+
+    async def look(self) -> dict[str, Any] | None:
+        answer = await self.client.counters(self.item_id)
+        if answer.status != 200 or answer.body.get("redis") is None:
+            return None
+        self.latest = answer.body
+        redis = answer.body["redis"]
+        self.log.stock.append(
+            StockPoint(
+                self.log.now(), redis["available"], redis["held"], redis["sold"],
+                answer.body["backlog"],
+            )
+        )  # fmt: skip
+        return answer.body
+
+    async def run(self) -> None:
+        while True:
+            await self.look()
+            await asyncio.sleep(self.every_s)
+
+    async def until(self, settled: Any, *, timeout_s: float, what: str) -> dict[str, Any]:
+        """Look until ``settled(counters)``; ``TimeoutError`` naming ``what`` after
+        ``timeout_s``."""
+        give_up = time.perf_counter() + timeout_s
+        while True:
+            seen = await self.look()
+            if seen is not None and settled(seen):
+                return seen
+            if time.perf_counter() >= give_up:
+                raise TimeoutError(f"{what}: not within {timeout_s:.0f} s (last seen: {seen})")
+            await asyncio.sleep(self.every_s)
+
+
+@contextlib.asynccontextmanager
+async def watching(watch: StockWatch) -> Any:
+    task = asyncio.create_task(watch.run())
+    try:
+        yield watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -1,0 +1,69 @@
+"""What a person watches: the crowd's progress while it runs, the result when it is done."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+
+from seckill.crowd.result import CrowdResult
+from seckill.crowd.sale import Sale
+
+
+class LiveView:
+    """A rich renderable redrawn from the log on every refresh (``rich.live.Live``)."""
+
+    def __init__(self, sale: Sale) -> None:
+        self.sale = sale
+
+    def __rich__(self) -> RenderableType:
+        log, plan = self.sale.log, self.sale.plan
+        elapsed = log.now()
+        requests = len(log.samples)
+        head = (
+            f"[bold]{log.phase}[/]  {elapsed:5.1f} s   buyers {log.buyers_sent:,}/"
+            f"{plan.buyers + plan.late_crowd:,}   requests {requests:,}"
+            f" ({requests / elapsed if elapsed else 0:,.0f}/s)"
+        )
+        answers = Table(box=None, pad_edge=False)
+        for column in ("action", "outcome", "count"):
+            answers.add_column(column, justify="right" if column == "count" else "left")
+        for (action, outcome), count in sorted(log.counts.items()):
+            answers.add_row(action, outcome, f"{count:,}")
+        watch = self.sale.watch
+        latest = watch.latest if watch else None
+        if latest is None or latest.get("redis") is None:
+            stock = "stock: waiting for the first look"
+        else:
+            redis = latest["redis"]
+            stock = (
+                f"stock: available [green]{redis['available']:,}[/]  held "
+                f"[yellow]{redis['held']:,}[/]  sold [cyan]{redis['sold']:,}[/] of "
+                f"{redis['total']:,}   not yet in SQL: {latest['backlog']:,}"
+            )
+        return Group(head, stock, answers)
+
+
+def print_result(console: Console, result: CrowdResult) -> None:
+    answers = Table(title=f"Answers (item {result['item_id']})")
+    for column in ("action", "outcome", "count", "req/s", "p50 ms", "p95 ms", "p99 ms"):
+        answers.add_column(column, justify="left" if column in ("action", "outcome") else "right")
+    for row in result["outcomes"]:
+        answers.add_row(
+            row["action"], row["outcome"], f"{row['count']:,}", f"{row['rps']:,.1f}",
+            f"{row['p50_ms']:.2f}", f"{row['p95_ms']:.2f}", f"{row['p99_ms']:.2f}",
+        )  # fmt: skip
+    console.print(answers)
+    console.print(
+        f"{result['requests']:,} requests in {result['crowd_s']:.1f} s: "
+        f"{result['throughput_rps']:,.0f} req/s; {result['transport_errors']} without an answer"
+    )
+    verdicts = Table(title="Verdict")
+    for column in ("check", "result", "detail"):
+        verdicts.add_column(column)
+    for verdict in result["verdicts"]:
+        shown = "[green]pass[/]" if verdict["ok"] else "[red]FAIL[/]"
+        verdicts.add_row(verdict["name"], shown, verdict["detail"])
+    console.print(verdicts)
+    console.print(
+        "[bold green]All checks pass.[/]" if result["passed"] else "[bold red]Checks failed.[/]"
+    )
