@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-drain bench-durability clean
+.PHONY: demo test lint bench bench-drain bench-durability bench-compare clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,9 @@ bench-drain: $(STAMP)  # needs a MariaDB: SECKILL_TEST_MARIADB_URL, default root
 
 bench-durability: $(STAMP)  # starts its own primaries and a replica on free ports
 	$(BIN)/python benchmarks/durability.py
+
+bench-compare: $(STAMP)  # needs a MariaDB: SECKILL_TEST_MARIADB_URL, default root@127.0.0.1:3306
+	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache
