@@ -15,7 +15,7 @@ from seckill.security.tokens import Identity, InvalidToken, Role
 _bearer = HTTPBearer(auto_error=False, description="A JWT minted by `seckill token`.")
 
 
-def _identity(
+async def _identity(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ctx: Annotated[Context, Depends(context)],
@@ -26,7 +26,7 @@ def _identity(
 
 
 def _require(role: Role) -> object:
-    def check(identity: Annotated[Identity, Depends(_identity)]) -> Identity:
+    async def check(identity: Annotated[Identity, Depends(_identity)]) -> Identity:
         if identity.role is not role:
             raise ApiError(403, "forbidden", f"this route is for {role.value}s")
         return identity
