@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import logging
 import tempfile
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -70,7 +69,11 @@ def version() -> None:
 
 
 def _logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from seckill.config import Settings
+    from seckill.observability.logs import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
 
 
 def _run(*, api: bool, workers: list[str], host: str | None, port: int | None) -> None:

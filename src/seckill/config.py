@@ -52,6 +52,11 @@ class Settings(BaseSettings):
 
     # The API and its credentials. Empty secrets are generated once into the data directory,
     # so `seckill serve` and `seckill token` agree on a fresh machine; set them in production.
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or one JSON object per line (with request ids)."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO")
+
     api_host: str = Field("127.0.0.1", description="Where `seckill serve` / `seckill api` listen.")
     api_port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")

@@ -68,6 +68,8 @@ BAD_RESERVES: list[tuple[dict[str, Any], ErrorCode]] = [
     ({"order_id": 0}, ErrorCode.INVALID_ORDER_ID),
     ({"order_id": "12"}, ErrorCode.INVALID_ORDER_ID),
     ({"order_id": 2**63}, ErrorCode.INVALID_ORDER_ID),
+    ({"request_id": "r" * 65}, ErrorCode.INVALID_REQUEST_ID),
+    ({"request_id": "two words"}, ErrorCode.INVALID_REQUEST_ID),
 ]
 
 

@@ -13,6 +13,7 @@ from seckill.api.admission import AdmissionLimit
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.limits import BodySizeLimit
+from seckill.api.request_ids import RequestIds
 from seckill.bootstrap import Runtime, open_runtime
 from seckill.config import Settings
 from seckill.services.tickets import TicketGate
@@ -46,6 +47,7 @@ def create_app(
     for module in (buyers, tickets, admin, payments, health):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestIds)
     # Added last, so outermost: an excess purchase is shed before anything else looks at it.
     app.add_middleware(AdmissionLimit, max_in_flight=settings.admission_max_in_flight)
     return app

@@ -12,6 +12,7 @@ from seckill.api.errors import ApiError, documented, refusal
 from seckill.api.schemas import BuyIn, ItemOut, OrderId, OrderOut, ReservationOut
 from seckill.api.tickets import TicketHeader
 from seckill.domain.outcomes import Outcome
+from seckill.observability.logs import current_request_id
 from seckill.services.items import ItemOnSale, item_on_sale
 from seckill.services.orders import OrderView
 from seckill.store.tables import ms_to_datetime
@@ -67,7 +68,11 @@ async def buy(
     ctx.tickets.check(ticket, item_id=item_id, buyer=buyer.subject)
     quantity = body.quantity if body else 1
     reservation = await ctx.purchases.buy(
-        item_id, buyer=buyer.subject, quantity=quantity, idempotency_key=key
+        item_id,
+        buyer=buyer.subject,
+        quantity=quantity,
+        idempotency_key=key,
+        request_id=current_request_id(),
     )
     if not reservation.accepted:
         raise refusal(reservation)

@@ -41,6 +41,7 @@ class StockEvent:
     deadline_ms: int | None = None
     reason: ReleaseReason | None = None
     total: int | None = None  # loaded only
+    request_id: str | None = None  # reserved only: the API request that made the hold
 
     @property
     def position(self) -> tuple[int, int]:
@@ -98,4 +99,5 @@ def decode_event(entry_id: str, fields: dict[str, str]) -> StockEvent:
         deadline_ms=_number(fields, "deadline_ms") if get("deadline_ms") else None,
         reason=release_reason,
         total=_number(fields, "total") if get("total") else None,
+        request_id=get("request_id") or None,
     )

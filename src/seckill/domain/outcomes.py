@@ -54,6 +54,7 @@ class ErrorCode(StrEnum):
     INVALID_BATCH = "invalid_batch"
     INVALID_TTL = "invalid_ttl"
     INVALID_RATE_LIMIT = "invalid_rate_limit"
+    INVALID_REQUEST_ID = "invalid_request_id"
     ITEM_ACTIVE = "item_active"
     TOTAL_BELOW_COMMITTED = "total_below_committed"
     LIMIT_BELOW_COMMITTED = "limit_below_committed"

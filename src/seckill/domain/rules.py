@@ -13,6 +13,7 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest
 MAX_ID = 2**63 - 1  # item and order ids fit a signed 64-bit SQL column
 MAX_BUYER_LEN = 64
 MAX_KEY_LEN = 255
+MAX_REQUEST_ID_LEN = 64
 MAX_PAYMENT_ID_LEN = 64
 MAX_QUANTITY = 1_000_000
 MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
@@ -55,6 +56,15 @@ def check_idempotency_key(key: Any) -> None:
         raise InvalidRequest(
             ErrorCode.INVALID_KEY,
             f"idempotency key must be 1 to {MAX_KEY_LEN} visible ASCII characters",
+        )
+
+
+def check_request_id(request_id: Any) -> None:
+    """Empty (none), or what a log line and an ``X-Request-Id`` header can carry as is."""
+    if request_id != "" and not _visible_ascii(request_id, MAX_REQUEST_ID_LEN):
+        raise InvalidRequest(
+            ErrorCode.INVALID_REQUEST_ID,
+            f"request id must be 1 to {MAX_REQUEST_ID_LEN} visible ASCII characters",
         )
 
 

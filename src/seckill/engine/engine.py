@@ -165,7 +165,14 @@ class RedisEngine:
         return Outcome(reply[0])
 
     async def reserve(
-        self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str, order_id: int
+        self,
+        item_id: int,
+        *,
+        buyer: str,
+        quantity: int,
+        idempotency_key: str,
+        order_id: int,
+        request_id: str = "",
     ) -> Reservation:
         """Try to hold ``quantity`` units for ``buyer``: one round trip, decided atomically.
 
@@ -177,6 +184,7 @@ class RedisEngine:
         rules.check_quantity(quantity)
         rules.check_idempotency_key(idempotency_key)
         rules.check_order_id(order_id)
+        rules.check_request_id(request_id)
         keys = self.keys(item_id)
         reply = await self._call(
             ScriptName.RESERVE,
@@ -187,6 +195,7 @@ class RedisEngine:
             self._idempotency_ttl,
             self._now(),
             *self._rate_args,
+            request_id,
             extra_keys=(keys.idempotency(buyer, idempotency_key), keys.rate(buyer)),
         )
         code = Outcome(reply[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -9,6 +10,8 @@ from seckill.domain.holds import Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+
+log = logging.getLogger(__name__)
 
 MonotonicClock = Callable[[], float]
 """Seconds from an arbitrary start that never step back (``time.monotonic``)."""
@@ -51,8 +54,16 @@ class Purchases:
         self._sold_out_until: dict[int, float] = {}  # item id -> clock time the flag runs out
 
     async def buy(
-        self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str
+        self,
+        item_id: int,
+        *,
+        buyer: str,
+        quantity: int,
+        idempotency_key: str,
+        request_id: str = "",
     ) -> Reservation:
+        """Decide one purchase. ``request_id`` travels with the ``reserved`` event to the order's
+        SQL row, so one id follows the purchase through logs, stream and table."""
         if self._flagged_sold_out(item_id):
             # A repeat of a key that reserved still gets its first answer (one GET, no script).
             recorded = await self._engine.recorded(
@@ -70,9 +81,17 @@ class Purchases:
                 quantity=quantity,
                 idempotency_key=idempotency_key,
                 order_id=self._order_ids.next(),
+                request_id=request_id,
             )
         finally:
             self._in_flight.discard(request)
+        if reservation.outcome is Outcome.RESERVED and not reservation.replayed:
+            # Only holds are logged: they are bounded by the stock, refusals by nothing.
+            log.info(
+                "order %d reserved: item %d, quantity %d, buyer %s",
+                reservation.order_id, item_id, quantity, buyer,
+                extra={"item_id": item_id, "order_id": reservation.order_id, "buyer": buyer},
+            )  # fmt: skip
         # Only sold_out arms the flag (insufficient_stock says units are left). Other answers do
         # not clear it: one may have been decided before the sold_out that armed it.
         if reservation.outcome is Outcome.SOLD_OUT and self._recheck_s > 0:

@@ -652,6 +652,7 @@ class _Plan:
                 "status": new_status,
                 "release_reason": event.reason.value if event.reason else None,
                 "deadline_at": ms_to_datetime(event.deadline_ms) if event.deadline_ms else None,
+                "request_id": event.request_id,
                 "reserved_at": at,
                 "paid_at": at if new_status == "paid" else None,
                 "released_at": at if new_status in RELEASED_STATUSES else None,

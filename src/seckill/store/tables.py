@@ -129,6 +129,7 @@ class Order(Base):
     status: Mapped[str] = mapped_column(String(16))
     release_reason: Mapped[str | None] = mapped_column(String(16))
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    request_id: Mapped[str | None] = mapped_column(String(64))  # the API request that reserved it
     reserved_at: Mapped[datetime] = mapped_column(UTCDateTime)
     paid_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

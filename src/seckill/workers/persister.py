@@ -36,6 +36,7 @@ from redis.exceptions import ResponseError
 from seckill.domain.events import (
     AheadOfStream,
     BadEvent,
+    EventKind,
     StockEvent,
     decode_event,
     stream_position,
@@ -234,6 +235,7 @@ class Persister:
         landed = await self._apply(decoded)
         await self._ack(landed)
         self.landed += len(landed)
+        _log_new_orders(decoded, landed)
         return len(landed)
 
     async def _apply(self, batch: Sequence[tuple[Entry, StockEvent]]) -> list[Entry]:
@@ -349,3 +351,22 @@ class Persister:
                 ms, seq = stream_position(group["last-delivered-id"])
                 needed.append(f"{ms}-{seq + 1}")
         return min(needed, key=stream_position)
+
+
+def _log_new_orders(decoded: Sequence[tuple[Entry, StockEvent]], landed: list[Entry]) -> None:
+    """One line per order landed, with the request id that reserved it: the end of its trace
+    (bounded by the stock, like the API's line for the reservation)."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    ids = {entry.entry_id for entry in landed}
+    for entry, event in decoded:
+        if event.kind is EventKind.RESERVED and entry.entry_id in ids:
+            log.info(
+                "order %d landed in SQL",
+                event.order_id,
+                extra={
+                    "request_id": event.request_id or "",
+                    "order_id": event.order_id,
+                    "item_id": event.item_id,
+                },
+            )

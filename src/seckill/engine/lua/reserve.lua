@@ -4,7 +4,7 @@
 --       7 the buyer's rate counter (read and written only when ARGV 7 sets a rate limit)
 -- ARGV  1 item id  2 buyer  3 quantity  4 order id  5 idempotency record ttl (ms)
 --       6 now (ms; "" = Redis TIME)  7 rate limit: attempts per window ("" or absent = none)
---       8 rate window (ms)
+--       8 rate window (ms)  9 request id ("" or absent = none): carried on the `reserved` event
 --
 -- Rate limit: a fixed window per buyer and item that opens at the buyer's first counted attempt
 --   (a hash {start, count} with a PEXPIRE of one window, so it goes away by itself). An attempt is
@@ -29,6 +29,7 @@
 -- Errors (nothing written):
 --   invalid_item_id, invalid_buyer, invalid_quantity, invalid_order_id, invalid_ttl, invalid_time
 --   invalid_rate_limit    attempts not 1 to 1000000, window not 1 ms to 30 days, or no key 7
+--   invalid_request_id    not 1 to 64 visible ASCII characters
 --   quantity_above_limit  more than the per-buyer limit in one request
 --   duplicate_order_id    the order id already names a hold of this item
 
@@ -49,6 +50,10 @@ if not ttl then return invalid("invalid_ttl", "idempotency ttl must be positive 
 local now = now_arg(ARGV[6])
 refused = bad_time(now)
 if refused then return refused end
+local request_id = ARGV[9] or ""
+if request_id ~= "" and not is_token(request_id, 64) then
+  return invalid("invalid_request_id", "request id must be 1 to 64 visible ASCII characters")
+end
 local rate_n, rate_ms = nil, nil
 if (ARGV[7] or "") ~= "" then
   rate_n, rate_ms = int_arg(ARGV[7], 1, MAX_QUANTITY), int_arg(ARGV[8], 1, MAX_HOLD)
@@ -105,7 +110,8 @@ redis.call("HINCRBY", K.buyers, buyer, quantity)
 save_hold(order_id, { buyer = buyer, quantity = quantity, deadline_ms = deadline, state = "held" })
 redis.call("ZADD", K.deadlines, deadline, order_id)
 redis.call("XADD", K.events, "*", "event", "reserved", "item_id", item_id, "order_id", order_id,
-  "buyer", buyer, "quantity", quantity, "deadline_ms", deadline, "at_ms", now)
+  "buyer", buyer, "quantity", quantity, "deadline_ms", deadline, "at_ms", now,
+  "request_id", request_id)
 redis.call("SET", KEYS[6], cjson.encode({ order_id = order_id, quantity = quantity, deadline_ms = deadline }),
   "PX", ttl)
 return { "reserved", order_id, deadline }

@@ -1,0 +1,1 @@
+"""What an operator sees: Prometheus metrics, structured logs with a request id, the dashboard."""
