@@ -76,7 +76,26 @@ def _logging() -> None:
     configure_logging(settings.log_format, settings.log_level)
 
 
+def _metrics_dir() -> None:
+    """With SECKILL_METRICS_DIR, this process writes its metrics into files there, which every
+    process of the deployment shares. prometheus_client picks its mode when first imported, so
+    this runs before anything imports it (seckill.serve and the workers do)."""
+    import os
+    import sys
+
+    from seckill.config import Settings
+
+    path = Settings().metrics_dir
+    if path is None:
+        return
+    if "prometheus_client" in sys.modules:
+        raise RuntimeError("prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set")
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path.resolve())
+
+
 def _run(*, api: bool, workers: list[str], host: str | None, port: int | None) -> None:
+    _metrics_dir()  # before the imports below
     from seckill.config import Settings
     from seckill.serve import WorkerKind, run_blocking
 
@@ -265,6 +284,7 @@ def worker_persister(
     max_deliveries: int = typer.Option(5, min=1, help="Deliveries before a dead letter."),
 ) -> None:
     """Land every item stream's events in the database until SIGTERM."""
+    _metrics_dir()  # before the imports below
     from seckill.config import Settings
     from seckill.serve import WorkerKind, run_blocking
     from seckill.workers.persister import PersisterConfig
@@ -283,6 +303,7 @@ def worker_reaper(
     ),
 ) -> None:
     """Release holds past their deadline, every interval, until SIGTERM. Replicas are safe."""
+    _metrics_dir()  # before the imports below
     from seckill.config import Settings
     from seckill.serve import WorkerKind, run_blocking
 
@@ -306,6 +327,7 @@ def worker_reconciler(
 ) -> None:
     """Compare every item's Redis and SQL records each interval, until SIGTERM; log drift and,
     with --repair, repair it. Replicas are safe: one holds the upkeep lock and works."""
+    _metrics_dir()  # before the imports below
     from seckill.config import Settings
     from seckill.serve import WorkerKind, run_blocking
 

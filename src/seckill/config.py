@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Where `seckill serve` / `seckill api` listen.")
     api_port: int = Field(8000, ge=0, le=65535)
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
+    metrics_dir: Path | None = Field(
+        None,
+        description="Shared by every process of one deployment on one host (wiped at deploy "
+        "start): each writes its metrics there and /metrics on any API process sums them. "
+        "None: each process shows only its own.",
+    )
     jwt_algorithm: Literal["HS256", "RS256"] = Field(
         "HS256", description="The one algorithm tokens may use (pinned; no other is accepted)."
     )

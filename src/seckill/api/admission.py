@@ -18,6 +18,8 @@ import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from seckill.observability import metrics
+
 PURCHASE_PATH = re.compile(r"/api/v1/items/[^/]+/orders")
 
 
@@ -63,6 +65,7 @@ class AdmissionLimit:
             await self.app(scope, receive, send)
             return
         if not self.admission.try_enter():
+            metrics.SHED.inc()
             await self._shed(send)
             return
         try:

@@ -8,11 +8,12 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from seckill import __version__
-from seckill.api import admin, buyers, health, payments, tickets
+from seckill.api import admin, buyers, health, metrics, payments, tickets
 from seckill.api.admission import AdmissionLimit
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.limits import BodySizeLimit
+from seckill.api.metrics import HttpMetrics
 from seckill.api.request_ids import RequestIds
 from seckill.bootstrap import Runtime, open_runtime
 from seckill.config import Settings
@@ -44,10 +45,12 @@ def create_app(
     )
     install_error_handlers(app)
     tickets.install_ticket_handlers(app)
-    for module in (buyers, tickets, admin, payments, health):
+    for module in (buyers, tickets, admin, payments, health, metrics):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIds)
-    # Added last, so outermost: an excess purchase is shed before anything else looks at it.
+    # Outside all but the metrics: an excess purchase is shed before anything else looks at it.
     app.add_middleware(AdmissionLimit, max_in_flight=settings.admission_max_in_flight)
+    # Outermost, so every answer is counted and timed, sheds included.
+    app.add_middleware(HttpMetrics)
     return app

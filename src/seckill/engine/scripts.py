@@ -11,6 +11,7 @@ answer that reports a write is returned only once enough replicas have acknowled
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.resources import files
@@ -20,6 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError, ResponseError
 
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.observability import metrics
 
 LUA_DIR = files("seckill.engine") / "lua"
 
@@ -157,6 +159,13 @@ class Scripts:
     async def call(self, name: ScriptName, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run one script; its error reply of ours raises InvalidRequest, a write that too few
         replicas acknowledged raises NotDurable."""
+        started = time.perf_counter()
+        try:
+            return await self._call(name, keys, args)
+        finally:
+            metrics.REDIS_SCRIPT_DURATION.labels(script=name).observe(time.perf_counter() - started)
+
+    async def _call(self, name: ScriptName, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         script = self._scripts[name]
         if self._durability is not None and name in WAITED_SCRIPTS:
             return await self._call_durably(script, keys, args, self._durability)

@@ -44,12 +44,17 @@ from seckill.config import Settings
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
 from seckill.engine.scripts import ScriptName, Scripts
+from seckill.observability import metrics
 from seckill.store.ledger import ItemRecord
 from seckill.store.tables import datetime_to_ms
 
 log = logging.getLogger(__name__)
 
 CARD_VERSION = 1
+_MEMORY_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="hit")
+_MEMORY_MISS = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="miss")
+_REDIS_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="redis", result="hit")
+_REDIS_MISS = metrics.ITEM_CACHE_LOOKUPS.labels(tier="redis", result="miss")
 T = TypeVar("T")
 
 
@@ -225,11 +230,13 @@ class ItemCache:
         """The item as SQL records it (at most a few TTLs old), or None if SQL has no such id."""
         cached = self._local.get(item_id)
         if cached is not None and cached[0] > time.monotonic():
+            _MEMORY_HIT.inc()
             if cached[1] is None:
                 self.stats.absent_hits += 1
             else:
                 self.stats.local_hits += 1
             return cached[1]
+        _MEMORY_MISS.inc()
         load = self._loads.get(item_id)
         if load is None:
             load = asyncio.create_task(self._load(item_id))
@@ -267,6 +274,7 @@ class ItemCache:
         give_up_at: float | None = None
         if card is not None and self._sql_turns.locked():  # stale, and SQL is busy: no queueing
             self.stats.stale_hits += 1
+            _REDIS_HIT.inc()
             return self._remember(item_id, card.record)
         while True:
             # The lock is taken with an SQL turn in hand, so it is held for the query, not for
@@ -279,6 +287,7 @@ class ItemCache:
                         await self._unlock(lock, token)
             if card is not None:  # stale: good enough while its owner reloads it
                 self.stats.stale_hits += 1
+                _REDIS_HIT.inc()
                 return self._remember(item_id, card.record)
             if give_up_at is None:
                 give_up_at = time.monotonic() + self._wait_s
@@ -293,6 +302,7 @@ class ItemCache:
         async with self._sql_turns:
             self.stats.unlocked_loads += 1
             self.stats.sql_loads += 1
+            _REDIS_MISS.inc()
             return self._remember(item_id, await self._source.item(item_id))
 
     async def _load_locked(self, item_id: int) -> ItemRecord | None:
@@ -301,11 +311,13 @@ class ItemCache:
         if card is not None and card.fresh:
             return self._hit(item_id, card)
         self.stats.sql_loads += 1
+        _REDIS_MISS.inc()
         record = await self._source.item(item_id)
         await self._write_card(item_id, record)
         return self._remember(item_id, record)
 
     def _hit(self, item_id: int, card: _Card) -> ItemRecord | None:
+        _REDIS_HIT.inc()
         if card.record is None:
             self.stats.absent_hits += 1
         else:

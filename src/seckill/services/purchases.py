@@ -10,6 +10,7 @@ from seckill.domain.holds import Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Purchases:
         """Decide one purchase. ``request_id`` travels with the ``reserved`` event to the order's
         SQL row, so one id follows the purchase through logs, stream and table."""
         if self._flagged_sold_out(item_id):
+            metrics.SOLD_OUT_FLAG_HITS.inc()
             # A repeat of a key that reserved still gets its first answer (one GET, no script).
             recorded = await self._engine.recorded(
                 item_id, buyer=buyer, quantity=quantity, idempotency_key=idempotency_key

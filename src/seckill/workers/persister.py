@@ -43,6 +43,7 @@ from seckill.domain.events import (
 )
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
+from seckill.observability import metrics
 from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
 
@@ -50,6 +51,8 @@ log = logging.getLogger(__name__)
 
 GROUP = "persister"
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
+_COMMITS = metrics.SQL_TRANSACTIONS.labels(result="commit")
+_FAILURES = metrics.SQL_TRANSACTIONS.labels(result="failure")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -235,6 +238,9 @@ class Persister:
         landed = await self._apply(decoded)
         await self._ack(landed)
         self.landed += len(landed)
+        if landed:
+            metrics.PERSISTER_BATCH_SIZE.observe(len(landed))
+            metrics.PERSISTER_ROWS.inc(len(landed))
         _log_new_orders(decoded, landed)
         return len(landed)
 
@@ -247,8 +253,10 @@ class Persister:
             try:
                 async with asyncio.timeout(self.config.apply_timeout_s):
                     await self._ledger.apply([event for _, event in batch])
+                _COMMITS.inc()
                 return [entry for entry, _ in batch]
             except Exception as exc:
+                _FAILURES.inc()
                 if is_transient(exc):
                     if self._stop.is_set():
                         log.warning("stopping with the database unavailable; %d entries stay "
@@ -294,6 +302,7 @@ class Persister:
         await self._redis.xadd(entry.keys.dead_letters, dead)
         await self._redis.xack(entry.keys.events, GROUP, entry.entry_id)
         self.dead_lettered += 1
+        metrics.DEAD_LETTERS.inc()
         log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
 
     async def _older_pending(self, entry: Entry) -> bool:

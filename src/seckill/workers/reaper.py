@@ -7,12 +7,14 @@ inside it), so any number of reapers may run side by side: they only share the w
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 from redis.asyncio import Redis
 
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, items_registry
+from seckill.observability import metrics
 
 
 class Reaper:
@@ -38,4 +40,6 @@ class Reaper:
                 if len(due) < self._batch:
                     break
         self.released += released
+        metrics.REAPER_RELEASES.inc(released)
+        metrics.REAPER_LAST_PASS.set(time.time())
         return released

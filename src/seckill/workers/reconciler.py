@@ -15,6 +15,8 @@ from redis.asyncio import Redis
 
 from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.scripts import ScriptName, Scripts
+from seckill.observability import metrics
+from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import ItemReport, Reconciler
 
 log = logging.getLogger(__name__)
@@ -77,4 +79,5 @@ class ReconcilerWorker:
             reports.append(report)
         self.reports = reports
         self.passes += 1
+        metrics.record_reconciler_pass(Drift, (f.kind for r in reports for f in r.found))
         return 0

@@ -1,0 +1,103 @@
+"""``GET /metrics`` for Prometheus, and the middleware that counts and times every request.
+
+The route has no authentication (scrapers call it) and is left out of the OpenAPI schema: keep
+it off the public network (serve it on an internal address, or block the path at the edge).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from seckill.api.admission import PURCHASE_PATH
+from seckill.api.context import Context, context
+from seckill.domain.outcomes import Outcome
+from seckill.observability import metrics
+
+log = logging.getLogger(__name__)
+
+router = APIRouter()
+PURCHASE_ROUTE = "/api/v1/items/{item_id}/orders"
+UNMATCHED = "other"
+RATE_LIMITED = Outcome.RATE_LIMITED.value
+_MAX_ERROR_BODY = 4096  # our error bodies are small; anything longer is not one of ours
+
+
+@router.get("/metrics", include_in_schema=False)
+async def scrape(ctx: Annotated[Context, Depends(context)]) -> Response:
+    """Every metric in Prometheus's text format, the stream gauges read from Redis now."""
+    runtime = ctx.runtime
+    try:
+        await metrics.refresh_stream_gauges(runtime.redis, runtime.settings.key_prefix)
+    except RedisError as exc:  # the rest is still worth a scrape; the stream gauges keep their last
+        log.warning("stream gauges not refreshed: %s", exc)
+    return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
+
+
+class HttpMetrics:
+    """ASGI middleware: ``seckill_http_requests_total{route, outcome}`` and
+    ``seckill_http_request_duration_seconds{route}`` for every HTTP request.
+
+    Plain ASGI (not BaseHTTPMiddleware, which costs a task and a stream per request). The route
+    is the matched route's template, read from the scope after the app ran. The one request
+    answered before routing is an admission shed, always on the purchase route. The outcome of
+    an error is the ``error`` code of its JSON body, the only time the body is looked at.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # if the app raises before answering
+        error_body: bytearray | None = None
+
+        async def sending(message: Message) -> None:
+            nonlocal status, error_body
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if status >= 400:
+                    error_body = bytearray()
+            elif error_body is not None and len(error_body) <= _MAX_ERROR_BODY:
+                error_body += message.get("body", b"")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = _route(scope)
+            outcome = _outcome(route, status, error_body)
+            metrics.HTTP_REQUESTS.labels(route=route, outcome=outcome).inc()
+            if outcome == RATE_LIMITED:
+                metrics.RATE_LIMITED.inc()
+            metrics.HTTP_REQUEST_DURATION.labels(route=route).observe(time.perf_counter() - started)
+
+
+def _route(scope: Scope) -> str:
+    path = getattr(scope.get("route"), "path", None)
+    if isinstance(path, str):
+        return path
+    return PURCHASE_ROUTE if PURCHASE_PATH.fullmatch(scope["path"]) else UNMATCHED
+
+
+def _outcome(route: str, status: int, error_body: bytearray | None) -> str:
+    if status < 400:
+        return "reserved" if route == PURCHASE_ROUTE and status == 202 else str(status)
+    if error_body is not None and len(error_body) <= _MAX_ERROR_BODY:
+        try:
+            body: Any = json.loads(error_body)
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and isinstance(body.get("error"), str):
+            return str(body["error"])
+    return str(status)

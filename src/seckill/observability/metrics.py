@@ -1,0 +1,234 @@
+"""Every Prometheus metric of seckill, defined once, here.
+
+Code that counts something imports this module and touches the metric where the thing happens
+(``metrics.SOLD_OUT_FLAG_HITS.inc()``): an in-process increment, never a round trip. The one
+exception are the stream gauges, which ``refresh_stream_gauges`` reads from Redis when
+``/metrics`` is scraped.
+
+Names follow Prometheus conventions: a ``seckill_`` prefix, ``_total`` on counters, base units
+(``_seconds``). Every label has a bounded set of values: HTTP routes are route templates, never
+raw paths; items are the ids in the items registry.
+
+**Several processes.** With ``PROMETHEUS_MULTIPROC_DIR`` set before ``prometheus_client`` is
+first imported (``seckill serve``, ``seckill api`` and ``seckill worker ...`` set it from
+``SECKILL_METRICS_DIR``), every process writes its samples into files in that directory and
+``registry()`` collects them all: counters and histograms are summed over processes, each gauge
+is combined as its ``multiprocess_mode`` says. Without it, ``registry()`` is the process's own
+default registry.
+
+To read current values in process (a dashboard, a test), collect ``registry()``:
+``for family in registry().collect(): ...`` gives each metric with its samples.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter as Tally
+from collections.abc import Iterable
+from typing import Any, cast
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client import values as _values
+from redis.asyncio import Redis
+
+from seckill.domain.events import stream_position
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys, items_registry
+
+# -- HTTP (the ASGI middleware in seckill.api.metrics) -------------------------------------------
+
+HTTP_REQUESTS = Counter(
+    "seckill_http_requests_total",
+    "HTTP requests answered, by route template (`other` for paths no route matches) and "
+    "outcome: the error code of the body for status >= 400, else `reserved` on the purchase "
+    "route and the status code elsewhere.",
+    ["route", "outcome"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "seckill_http_request_duration_seconds",
+    "Time from a request's arrival to the end of its answer, by route template.",
+    ["route"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+# -- Redis ---------------------------------------------------------------------------------------
+
+REDIS_SCRIPT_DURATION = Histogram(
+    "seckill_redis_script_duration_seconds",
+    "Time of one Lua script call as the caller sees it (round trip included; with durability "
+    "`replicas`, the WAIT too), by script.",
+    ["script"],
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+)
+
+# Set by whichever API process was scraped last: the same Redis answers every process.
+STREAM_LENGTH = Gauge(
+    "seckill_stream_length",
+    "Entries in the item's event stream (XLEN) at the last scrape: the backlog plus entries "
+    "acknowledged but not trimmed yet.",
+    ["item"],
+    multiprocess_mode="mostrecent",
+)
+STREAM_PENDING = Gauge(
+    "seckill_stream_pending",
+    "Entries of the item's stream delivered to the consumer group but not acknowledged yet, at "
+    "the last scrape.",
+    ["item", "group"],
+    multiprocess_mode="mostrecent",
+)
+STREAM_LAG = Gauge(
+    "seckill_stream_lag",
+    "Entries of the item's stream not delivered to the consumer group yet, at the last scrape. "
+    "Exact on Redis 7 (its `lag`); an estimate on Redis 6.2: 0 once the group has been "
+    "delivered the newest entry, else XLEN minus pending (an upper bound).",
+    ["item", "group"],
+    multiprocess_mode="mostrecent",
+)
+
+# -- The persister -------------------------------------------------------------------------------
+
+PERSISTER_BATCH_SIZE = Histogram(
+    "seckill_persister_batch_size",
+    "Entries landed in SQL per landed batch.",
+    buckets=(1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000),
+)
+PERSISTER_ROWS = Counter(
+    "seckill_persister_rows_total",
+    "Stream entries (events) landed in SQL and acknowledged; rate() gives events per second.",
+)
+SQL_TRANSACTIONS = Counter(
+    "seckill_sql_transactions_total",
+    "Persister transactions, by result: `commit`, or `failure` (the database was down, or the "
+    "batch could not land and is split or retried).",
+    ["result"],
+)
+DEAD_LETTERS = Counter(
+    "seckill_dead_letters_total",
+    "Stream entries the persister gave up on (dead letters written). Those not replayed yet are "
+    'seckill_reconciler_drift{kind="dead_letters"}.',
+)
+
+# -- The reaper ----------------------------------------------------------------------------------
+
+REAPER_RELEASES = Counter(
+    "seckill_reaper_releases_total",
+    "Holds released by the reaper because their deadline passed.",
+)
+REAPER_LAST_PASS = Gauge(
+    "seckill_reaper_last_pass_timestamp_seconds",
+    "Unix time at which a reaper last finished a pass (the latest over every process).",
+    multiprocess_mode="max",
+)
+
+# -- The reconciler ------------------------------------------------------------------------------
+
+RECONCILER_PASSES = Counter(
+    "seckill_reconciler_passes_total",
+    "Reconciler passes completed (by the replica holding the upkeep lock).",
+)
+RECONCILER_DRIFT = Gauge(
+    "seckill_reconciler_drift",
+    "Findings of each drift kind in the last reconciler pass, over every item (0: none).",
+    ["kind"],
+    multiprocess_mode="mostrecent",
+)
+RECONCILER_LAST_PASS = Gauge(
+    "seckill_reconciler_last_pass_timestamp_seconds",
+    "Unix time at which the reconciler last finished a pass (the latest over every process).",
+    multiprocess_mode="max",
+)
+
+# -- Protecting Redis and SQL from a crowd -------------------------------------------------------
+
+ITEM_CACHE_LOOKUPS = Counter(
+    "seckill_item_cache_lookups_total",
+    "Item cache lookups by tier and result. `memory`: every read (a miss goes on to a load, "
+    "possibly shared with other readers); `redis`: every load (a hit is a card, fresh or stale, "
+    "or a known-absent id; a miss reads SQL).",
+    ["tier", "result"],
+)
+SOLD_OUT_FLAG_HITS = Counter(
+    "seckill_sold_out_flag_hits_total",
+    "Purchases answered while this process's sold-out flag stood, without running the script.",
+)
+RATE_LIMITED = Counter(
+    "seckill_rate_limited_total",
+    "Purchase attempts answered 429 rate_limited: over the buyer's limit per item and window.",
+)
+SHED = Counter(
+    "seckill_shed_total",
+    "Purchases shed by admission (503 overloaded) because too many were in flight.",
+)
+
+
+def multiprocess_dir() -> str | None:
+    """The directory the metrics of every process go to, or None in single-process mode.
+
+    Decided by ``prometheus_client`` when first imported, not by the environment now."""
+    if not cast(Any, _values.ValueClass)._multiprocess:
+        return None
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+
+
+def registry() -> CollectorRegistry:
+    """The registry to collect from: in multi-process mode a fresh one that reads every
+    process's files (sums, as each metric's mode says), else the process's default registry."""
+    path = multiprocess_dir()
+    if path is None:
+        return REGISTRY
+    merged = CollectorRegistry()
+    multiprocess.MultiProcessCollector(merged, path=path)  # type: ignore[no-untyped-call]
+    return merged
+
+
+def record_reconciler_pass(kinds: Iterable[str], found: Iterable[str]) -> None:
+    """A reconciler pass ended: count it, and set the drift gauge of every kind in ``kinds``
+    to the findings of that kind in ``found`` (0 when none)."""
+    counts = Tally(found)
+    for kind in kinds:
+        RECONCILER_DRIFT.labels(kind=kind).set(counts[kind])
+    RECONCILER_PASSES.inc()
+    RECONCILER_LAST_PASS.set(time.time())
+
+
+async def refresh_stream_gauges(redis: Redis, prefix: str = DEFAULT_PREFIX) -> None:
+    """Read length, pending and lag of every registered item's stream from Redis (one
+    pipeline) into the stream gauges."""
+    members = cast(set[str], await redis.smembers(items_registry(prefix)))
+    items = sorted(int(m) for m in members)
+    if not items:
+        return
+    async with redis.pipeline(transaction=False) as pipe:
+        for item_id in items:
+            stream = item_keys(item_id, prefix).events
+            pipe.xlen(stream)
+            pipe.xinfo_groups(stream)
+            pipe.xrevrange(stream, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+    for n, item_id in enumerate(items):
+        length, groups, newest = replies[3 * n : 3 * n + 3]
+        if isinstance(length, Exception):
+            continue
+        item = str(item_id)
+        STREAM_LENGTH.labels(item=item).set(length)
+        if isinstance(groups, Exception):  # no stream yet
+            continue
+        newest_id = newest[0][0] if newest and not isinstance(newest, Exception) else None
+        for group in groups:
+            pending = int(group["pending"])
+            STREAM_PENDING.labels(item=item, group=group["name"]).set(pending)
+            STREAM_LAG.labels(item=item, group=group["name"]).set(
+                _lag(group, length=int(length), pending=pending, newest_id=newest_id)
+            )
+
+
+def _lag(group: dict[str, Any], *, length: int, pending: int, newest_id: str | None) -> int:
+    lag = group.get("lag")
+    if lag is not None:  # Redis 7 counts it (None there when it cannot: entries deleted)
+        return int(lag)
+    delivered = stream_position(group["last-delivered-id"])
+    if newest_id is None or delivered >= stream_position(newest_id):
+        return 0
+    # Redis 6.2 keeps no count: the entries not delivered are at most those in the stream
+    # that are not pending (entries acknowledged and not trimmed yet are counted too).
+    return max(0, length - pending)
