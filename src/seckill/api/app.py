@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from seckill import __version__
-from seckill.api import admin, buyers, health, metrics, payments, tickets
+from seckill.api import admin, buyers, dashboard, health, metrics, payments, tickets
 from seckill.api.admission import AdmissionLimit
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
@@ -45,7 +45,7 @@ def create_app(
     )
     install_error_handlers(app)
     tickets.install_ticket_handlers(app)
-    for module in (buyers, tickets, admin, payments, health, metrics):
+    for module in (buyers, tickets, admin, payments, health, metrics, dashboard):
         app.include_router(module.router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIds)

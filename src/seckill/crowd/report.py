@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import html
 import json
-from functools import cache
-from importlib.resources import files
 from pathlib import Path
 from string import Template
 
 from seckill.crowd.result import CrowdResult
+from seckill.pages import uplot_fields
 
 # A share of the crowd's buyers, shown as a percentage.
 _PLAN_SHARES = frozenset({"pay", "fail", "cancel", "replay"})
@@ -210,9 +209,7 @@ def render_html(result: CrowdResult) -> str:
     verdict = "PASSED" if result["passed"] else "FAILED"
     return _PAGE.substitute(
         title=_text(f"seckill {result['kind']} — {verdict}"),
-        uplot_css=_inline(_vendored("uPlot.min.css"), "style"),
-        uplot_license=_inline(_vendored("uPlot.LICENSE").replace("*/", "* /"), "script"),
-        uplot_js=_inline(_vendored("uPlot.iife.min.js"), "script"),
+        **uplot_fields(),
         header=_header(result),
         summary=_summary(result),
         verdicts=_verdicts(result),
@@ -233,18 +230,6 @@ def _embedded_json(result: CrowdResult) -> str:
     """
     text = json.dumps(result, ensure_ascii=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-@cache
-def _vendored(name: str) -> str:
-    return (files("seckill") / "static" / "vendor" / name).read_text(encoding="utf-8")
-
-
-def _inline(source: str, tag: str) -> str:
-    # The vendored files hold no end tag today; refuse rather than break a page if one ever does.
-    if f"</{tag}" in source.lower():
-        raise ValueError(f"cannot inline a source that contains </{tag}")
-    return source
 
 
 def _text(value: object) -> str:

@@ -1,0 +1,176 @@
+"""The operators' dashboard: a page (``/dashboard``) and the snapshot it polls every second.
+
+The page holds no data, so anyone may load it; it asks for an admin token and sends it with
+each poll of ``GET /api/v1/admin/dashboard``. It is one file that needs no network: uPlot is
+inlined from ``seckill/static/vendor``, as in the crowd's reports.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from functools import cache
+from socket import gethostname
+from string import Template
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, Field
+
+from seckill import __version__
+from seckill.api.auth import AdminIdentity
+from seckill.api.context import Context, context
+from seckill.api.errors import documented
+from seckill.api.schemas import Counters
+from seckill.observability.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot
+from seckill.pages import inline, static_text, uplot_fields
+
+router = APIRouter()
+Ctx = Annotated[Context, Depends(context)]
+
+# Everything the page needs is in it; it may only call back to where it came from.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class DashboardItem(BaseModel):
+    item_id: int
+    redis: Counters | None = Field(description="The counters in Redis; null if not loaded.")
+    backlog: int = Field(description="Stream entries not yet landed in SQL (pending + lag).")
+    pending: int = Field(description="Delivered to the persister, not yet acknowledged.")
+    lag: int = Field(description="Not yet delivered to the persister.")
+    dead_letters: int | None = Field(
+        description="Entries the persister gave up on, not replayed; null if SQL did not answer."
+    )
+
+
+class RequestCount(BaseModel):
+    route: str
+    outcome: str
+    count: int
+
+
+class ReaperStatus(BaseModel):
+    last_pass_at: datetime | None
+    releases: int | None = Field(description="Holds released since this process started.")
+
+
+class ReconcilerStatus(BaseModel):
+    last_pass_at: datetime | None
+    drift: dict[str, int] = Field(description="Drift found at the last pass, by kind.")
+
+
+class DashboardOut(BaseModel):
+    server: str = Field(description="The process that answered: version, host and pid.")
+    metrics_source: str = Field(
+        description="Whose counters these are: this process's, or every process's on its host "
+        "(with a shared metrics directory). Rates are only meaningful between two snapshots "
+        "from the same source."
+    )
+    server_time: datetime = Field(description="Redis's clock, which every process shares.")
+    items: list[DashboardItem]
+    items_in_registry: int = Field(
+        description=f"Items ever loaded; without `item`, the newest {MAX_ITEMS} are shown."
+    )
+    database_available: bool
+    requests: list[RequestCount] = Field(
+        description="Requests this process answered, by route and outcome, since it started."
+    )
+    dead_letters_recorded: int | None = Field(
+        description="Entries this process dead-lettered since it started."
+    )
+    reaper: ReaperStatus
+    reconciler: ReconcilerStatus
+
+
+ItemQuery = Annotated[
+    list[Annotated[int, Field(ge=1, le=2**63 - 1)]] | None,
+    Query(max_length=MAX_ITEMS, description="Items to show (repeatable); default: the newest."),
+]
+
+
+@router.get(
+    "/api/v1/admin/dashboard",
+    tags=["admin"],
+    response_model=DashboardOut,
+    responses=documented(401, 403, 422, 503),
+)
+async def dashboard_data(_: AdminIdentity, ctx: Ctx, item: ItemQuery = None) -> DashboardOut:
+    """One snapshot for the dashboard: per item the counters in Redis, the stream backlog and
+    the dead letters; this process's request counters and the reaper's and reconciler's
+    last pass."""
+    runtime = ctx.runtime
+    return _out(await take_snapshot(runtime.engine, runtime.ledger, item))
+
+
+@router.get("/dashboard", include_in_schema=False, response_class=HTMLResponse)
+async def dashboard_page() -> HTMLResponse:
+    return HTMLResponse(render_page(), headers=_PAGE_HEADERS)
+
+
+@cache
+def render_page() -> str:
+    """The page, with its script and uPlot inlined."""
+    return Template(static_text("dashboard.html")).substitute(
+        **uplot_fields(), dashboard_js=inline(static_text("dashboard.js"), "script")
+    )
+
+
+def _out(snapshot: DashboardSnapshot) -> DashboardOut:
+    metrics = snapshot.metrics
+    requests = metrics.by("seckill_http_requests_total", "route", "outcome")
+    recorded = metrics.total("seckill_dead_letters_total")
+    releases = metrics.total("seckill_reaper_releases_total")
+    host, pid = gethostname(), os.getpid()
+    return DashboardOut(
+        server=f"seckill {__version__} on {host}, pid {pid}",
+        metrics_source=host if metrics.shared else f"{host}, pid {pid}",
+        server_time=datetime.fromtimestamp(snapshot.server_time_ms / 1000, UTC),
+        items=[
+            DashboardItem(
+                item_id=view.item_id,
+                redis=None
+                if view.stock is None
+                else Counters(
+                    total=view.stock.total,
+                    available=view.stock.available,
+                    held=view.stock.held,
+                    sold=view.stock.sold,
+                ),
+                backlog=view.backlog,
+                pending=view.pending,
+                lag=view.lag,
+                dead_letters=view.dead_letters,
+            )
+            for view in snapshot.items
+        ],
+        items_in_registry=snapshot.items_in_registry,
+        database_available=snapshot.database_available,
+        requests=[
+            RequestCount(route=route, outcome=outcome, count=round(count))
+            for (route, outcome), count in sorted(requests.items())
+        ],
+        dead_letters_recorded=None if recorded is None else round(recorded),
+        reaper=ReaperStatus(
+            last_pass_at=_at(metrics.latest("seckill_reaper_last_pass_timestamp_seconds")),
+            releases=None if releases is None else round(releases),
+        ),
+        reconciler=ReconcilerStatus(
+            last_pass_at=_at(metrics.latest("seckill_reconciler_last_pass_timestamp_seconds")),
+            drift={
+                kind: round(count)
+                for (kind,), count in sorted(metrics.by("seckill_reconciler_drift", "kind").items())
+            },
+        ),
+    )
+
+
+def _at(seconds: float | None) -> datetime | None:
+    # A gauge not set yet reads 0: no pass so far.
+    return None if not seconds else datetime.fromtimestamp(seconds, UTC)

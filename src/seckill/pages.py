@@ -1,0 +1,33 @@
+"""What every page seckill writes or serves shares: its files in ``static/``, inlined.
+
+The crowd's HTML report and the operator dashboard each are one file with uPlot (vendored in
+``static/vendor``) and their own script inside, so they open with no network at all.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+
+
+@cache
+def static_text(path: str) -> str:
+    """A file of the package's ``static/`` directory, e.g. ``vendor/uPlot.min.css``."""
+    return (files("seckill") / "static" / path).read_text(encoding="utf-8")
+
+
+def inline(source: str, tag: str) -> str:
+    """``source`` as the body of a ``<tag>`` element."""
+    # Nothing inlined holds an end tag today; refuse rather than break a page if one ever does.
+    if f"</{tag}" in source.lower():
+        raise ValueError(f"cannot inline a source that contains </{tag}")
+    return source
+
+
+def uplot_fields() -> dict[str, str]:
+    """uPlot's style, licence (a comment) and script, for a page template's fields."""
+    return {
+        "uplot_css": inline(static_text("vendor/uPlot.min.css"), "style"),
+        "uplot_license": inline(static_text("vendor/uPlot.LICENSE").replace("*/", "* /"), "script"),
+        "uplot_js": inline(static_text("vendor/uPlot.iife.min.js"), "script"),
+    }
