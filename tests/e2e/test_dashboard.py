@@ -19,6 +19,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from seckill.security.tokens import Role
 from seckill.serve import WorkerKind, build_worker
 from tests.api.conftest import Api, served  # noqa: F401  (the fixture)
+from tests.chromium import CHROMIUM_ARGS, chromium_path
 
 # One Redis and one SQL backend: the page does not differ between them.
 pytestmark = [
@@ -26,31 +27,11 @@ pytestmark = [
     pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True),
 ]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 UNITS = 20
 FIRST_WAVE = 5
 PURCHASE_ROUTE = "/api/v1/items/{item_id}/orders"
 SEEN_WITHIN_MS = 10_000  # the page polls every second
-
-
-def chromium_path() -> str:
-    # Called from the test, so a missing browser fails it (a fixture would only error it).
-    if not CHROMIUM.exists():
-        pytest.fail(
-            f"{CHROMIUM} is missing: the dashboard is tested in the system Chromium; install it "
-            "with `apt-get install chromium`"
-        )
-    return str(CHROMIUM)
 
 
 @contextlib.asynccontextmanager

@@ -18,9 +18,9 @@ import pytest
 
 from seckill.crowd.report import render_html, write_reports
 from seckill.crowd.result import SCHEMA, CrowdResult, VerdictOut
+from tests.chromium import CHROMIUM_ARGS, chromium_path
 from tests.report_page import body_rows, cells, numbers, parse, texts
 
-CHROMIUM = Path("/usr/bin/chromium")
 EVIL_DETAIL = 'sold 101 of 100 units </script><b>not bold</b> & "quoted" <!-- <script>'
 VENDOR = files("seckill") / "static" / "vendor"
 
@@ -224,20 +224,13 @@ def test_the_page_loads_nothing_from_anywhere(written: tuple[CrowdResult, Path, 
     assert any(vendored in text for text in parsed.script_texts)
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="no /usr/bin/chromium to open the page in")
 def test_chromium_draws_three_charts_offline(tmp_path: Path) -> None:
     _, html_path = write_reports(crowd_result(passed=False), tmp_path, "demo")
     dom = subprocess.run(
         [
-            str(CHROMIUM),
+            chromium_path(),
             "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *CHROMIUM_ARGS,
             # No name resolves: anything the page tried to fetch would fail.
             "--host-resolver-rules=MAP * ~NOTFOUND",
             f"--user-data-dir={tmp_path / 'profile'}",
