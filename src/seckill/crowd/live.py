@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console, Group, RenderableType
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from seckill.crowd.result import CrowdResult
@@ -19,10 +20,13 @@ class LiveView:
         log, plan = self.sale.log, self.sale.plan
         elapsed = log.now()
         requests = len(log.samples)
-        head = (
-            f"[bold]{log.phase}[/]  {elapsed:5.1f} s   buyers {log.buyers_sent:,}/"
-            f"{plan.buyers + plan.late_crowd:,}   requests {requests:,}"
-            f" ({requests / elapsed if elapsed else 0:,.0f}/s)"
+        everyone = plan.buyers + plan.late_crowd
+        head = Table.grid(padding=(0, 2))
+        head.add_row(
+            f"[bold]{log.phase}[/]",
+            ProgressBar(total=everyone, completed=log.buyers_sent, width=30),
+            f"buyers {log.buyers_sent:,}/{everyone:,}   {elapsed:5.1f} s   requests {requests:,}"
+            f" ({requests / elapsed if elapsed else 0:,.0f}/s)",
         )
         answers = Table(box=None, pad_edge=False)
         for column in ("action", "outcome", "count"):
