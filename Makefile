@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-drain bench-durability bench-compare clean
+.PHONY: demo test lint bench bench-drain bench-durability bench-compare bench-http bench-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ bench-durability: $(STAMP)  # starts its own primaries and a replica on free por
 
 bench-compare: $(STAMP)  # needs a MariaDB: SECKILL_TEST_MARIADB_URL, default root@127.0.0.1:3306
 	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
+
+bench-http: $(STAMP)  # starts its own redis-server and servers on free ports; uses wrk if installed
+	$(BIN)/python benchmarks/hot_path.py $(BENCH_ARGS)
+
+bench-clients: $(STAMP)  # skips a client that is not installed (coredis, valkey-glide)
+	$(BIN)/python benchmarks/redis_clients.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache

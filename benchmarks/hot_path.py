@@ -1,0 +1,728 @@
+"""The purchase route against a hello-world on the same server stack: one run, audited.
+
+Three targets, one after the other, each sent the same shape of request (``POST
+/api/v1/items/{id}/orders`` with a bearer token, an ``Idempotency-Key``, a ``Seckill-Ticket`` and
+the body ``{"quantity":1}``) from C keep-alive connections (default 64) for D seconds (default
+10), after a warm-up of a couple of seconds:
+
+* ``hello``: a FastAPI app with one route on that path that answers a small JSON body and reads
+  nothing, served exactly as the product is (uvicorn's defaults, hence httptools, under
+  ``uvloop.run``, one process, on a socket from ``seckill.serve.listening_socket``: IPPROTO_TCP,
+  so Nagle is off). This is the framework's floor: ``ratio`` divides by it. ``hello raw`` is the
+  same with a bare ASGI callable instead of FastAPI: the floor of uvicorn alone, for reference.
+* ``purchase``: the product, ``seckill api`` (the API alone) with a separate ``seckill worker
+  persister`` landing the stream in SQL, over its own redis-server on a free port (AOF on,
+  ``appendfsync everysec``: the product's default) and SQLite in a temporary directory (or
+  ``--database-url``). One item of 10,000,000 units, one per buyer; every request is a new buyer
+  with its own token, ticket and key, all prepared before the clock starts, so each one runs the
+  reserve script and sells a unit.
+* ``soldout``: the same route on a second item of a few units, bought out first; every request
+  again a new buyer, each answered 409 ``sold_out`` (mostly from the process's sold-out flag).
+
+The load comes from ``wrk`` (``-t2``, a Lua script rotating through the prepared requests and
+counting statuses) when it is installed, else from aiohttp in two processes (``--generator``).
+Either way the generator shares this machine's CPUs with the server (and, for ``purchase``,
+with redis-server and the persister): a figure is this machine's, and noisy when it is busy.
+The ``cpu`` columns are CPU seconds per wall second, over the timed part, of the server (the
+API process, or the hello's), redis-server, the persister and the generator: a server near 1.0
+is bound by its own Python process; all of them together near the CPU count, by the machine.
+The aiohttp generator is slower than the servers it drives and then measures itself as much as
+them; prefer wrk.
+
+How to read it: req/s is answers over the timed part's wall time; p50/p99 are per-request
+latencies at the generator. ``ratio`` is purchase req/s over the FastAPI hello's: what seckill
+costs over the framework it is built on; ``soldout_ratio`` the same for a refusal. The product's
+roadmap targets ratio >= 0.6, soldout_ratio >= 0.8 and a purchase p99 <= 20 ms at 64
+connections: targets to judge the work by, not assertions; nothing here fails on a timing.
+
+Every request is a new buyer, so the API never rate-limits or sheds honest traffic here: the
+per-buyer rate limit (5 per second) and the admission limit (512 in flight, against at most
+``--connections``) are left at their defaults; only the ticket lifetime is raised (tickets are
+fetched before the clock). ``seckill api`` serves one process on its own socket, without
+SO_REUSEPORT, so ``--workers`` above 1 needs product support and is refused.
+
+The audit, after the purchase runs: once the stream has landed (admin counters: backlog 0, Redis
+and SQL agree), the admin audit route must pass, and the units held or sold in Redis must equal
+the 202s answered (within the requests sent twice, if the prepared ones ran out, and those whose
+answer went uncounted: in flight when wrk stopped, or given up on). The last line printed is one
+JSON object; the exit code is 1 if the audit fails. Every process started here (servers,
+redis-server, generators) is stopped at the end, also on an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+from _support import free_port, redis_binary
+from compare import (
+    Buyer,
+    admin_headers,
+    call,
+    child_env,
+    client_settings,
+    cpu_seconds,
+    create_item,
+    fetch_tickets,
+    log_tail,
+    make_crowd,
+    running,
+    session,
+)
+
+from seckill.config import Settings
+from seckill.redis_server import RedisServer
+from seckill.security.tickets import TICKET_HEADER
+
+BIG_ITEM_UNITS = 10_000_000
+SOLDOUT_UNITS = 5
+PATH = "/api/v1/items/{item_id}/orders"
+BODY = b'{"quantity":1}'
+HELLO_BODY = b'{"message":"hello"}'
+STARTUP_TIMEOUT_S = 60
+DRAIN_TIMEOUT_S = 300
+TICKET_TTL_S = 3 * 3600  # tickets outlive the run
+SAMPLE_BUYERS = 2_000  # request shapes for the hello runs (they never reach the product)
+MIN_POOL = 2_000
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds timed per target")
+    parser.add_argument("--warm-up", type=float, default=2.0, help="seconds before each timing")
+    parser.add_argument("--connections", type=int, default=64, help="keep-alive connections")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="server processes (only 1: see the docstring)"
+    )
+    parser.add_argument("--generator", choices=("auto", "wrk", "builtin"), default="auto")
+    parser.add_argument(
+        "--database-url",
+        help="SQL database for the product (SQLAlchemy async URL; its schema is upgraded, "
+        "items are added); default: SQLite in a temporary directory",
+    )
+    parser.add_argument(
+        "--redis-server", help="redis-server binary (default: the one on PATH, else the bundled)"
+    )
+    parser.add_argument("--serve-hello", choices=("fastapi", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_hello:
+        return args
+    if args.duration <= 0 or args.warm_up < 0:
+        parser.error("--duration must be positive and --warm-up not negative")
+    if args.connections < 2:
+        parser.error("--connections must be at least 2")
+    if args.workers != 1:
+        parser.error(
+            "--workers: `seckill api` runs one process on a socket it binds itself (no "
+            "SO_REUSEPORT, no worker option), so several API processes on one port need "
+            "support in the product first; measure with --workers 1"
+        )
+    if args.generator == "wrk" and not shutil.which("wrk"):
+        parser.error("--generator wrk: wrk is not installed (Debian: apt-get install wrk)")
+    if args.generator == "auto":
+        args.generator = "wrk" if shutil.which("wrk") else "builtin"
+    return args
+
+
+# -- the hello servers ---------------------------------------------------------------------------
+
+
+def hello_fastapi() -> Any:
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    # The purchase route's path and method, so both are sent the very same request bytes.
+    @app.post(PATH)
+    async def hello(item_id: int) -> dict[str, str]:
+        return {"message": "hello"}
+
+    return app
+
+
+async def hello_raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Plain ASGI: any request answered with a small JSON body, nothing read or routed."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": HELLO_BODY})
+
+
+def serve_hello(kind: str, port: int) -> None:
+    """Serve a hello app until SIGTERM, set up as ``seckill.serve.run`` sets up the API."""
+    import uvicorn
+
+    from seckill.serve import listening_socket
+
+    sock = listening_socket("127.0.0.1", port)
+    app = hello_fastapi() if kind == "fastapi" else hello_raw
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    uvloop.run(uvicorn.Server(config).serve(sockets=[sock]))
+
+
+# -- the prepared requests -----------------------------------------------------------------------
+
+
+def write_requests(buyers: Sequence[Buyer], path: Path) -> Path:
+    """One line per request: token, idempotency key, ticket (none of them holds a space)."""
+    with path.open("w") as out:
+        for buyer in buyers:
+            out.write(f"{buyer.token} {buyer.key} {buyer.ticket}\n")
+    return path
+
+
+def read_requests(path: Path, part: int, parts: int) -> list[dict[str, str]]:
+    headers = []
+    with path.open() as lines:
+        for i, line in enumerate(lines):
+            if i % parts == part:
+                token, key, ticket = line.split()
+                headers.append(
+                    {
+                        "Authorization": f"Bearer {token}",
+                        "Idempotency-Key": key,
+                        TICKET_HEADER: ticket,
+                        "Content-Type": "application/json",
+                    }
+                )
+    return headers
+
+
+# -- the load ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Load:
+    """What the generator saw of one timed (or warm-up) run."""
+
+    requests: int = 0
+    seconds: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    statuses: Counter[str] = field(default_factory=Counter)  # "202", "409 sold_out", ...
+    reused: int = 0  # requests sent again once the prepared ones ran out
+    distinct: int = 0  # prepared requests sent at least once (answered or not)
+    errors: int = 0  # connect/read/write errors and timeouts: no answer
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU s per wall s, per process
+
+    @property
+    def per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def count(self, status: str) -> int:
+        return sum(n for s, n in self.statuses.items() if s.split()[0] == status)
+
+    def others(self, expected: str) -> str:
+        rest = {s: n for s, n in self.statuses.items() if s != expected}
+        if self.errors:
+            rest["socket errors"] = self.errors
+        return ", ".join(f"{s}: {n}" for s, n in sorted(rest.items())) or "-"
+
+
+WRK_SCRIPT = r"""
+local path, file, nthreads = "%(path)s", "%(file)s", %(threads)d
+local body = '%(body)s'
+local threads, started = {}, 0
+
+function setup(thread)
+  thread:set("id", started)
+  started = started + 1
+  table.insert(threads, thread)
+end
+
+function init(args)
+  prepared, sent, reused, statuses = {}, 0, 0, {}
+  local i = 0
+  for line in io.lines(file) do
+    if i %% nthreads == id then
+      local token, key, ticket = line:match("^(%%S+) (%%S+) (%%S+)$")
+      prepared[#prepared + 1] = wrk.format("POST", path, {
+        ["Authorization"] = "Bearer " .. token,
+        ["Idempotency-Key"] = key,
+        ["%(ticket_header)s"] = ticket,
+        ["Content-Type"] = "application/json",
+      }, body)
+    end
+    i = i + 1
+  end
+end
+
+function request()
+  sent = sent + 1
+  if sent > #prepared then reused = reused + 1 end
+  return prepared[(sent - 1) %% #prepared + 1]
+end
+
+function response(status, headers, body)
+  local key = tostring(status)
+  if status >= 300 then
+    key = key .. " " .. (body:match('"error"%%s*:%%s*"([^"]+)"') or "?")
+  end
+  statuses[key] = (statuses[key] or 0) + 1
+end
+
+function done(summary, latency, requests)
+  local total, reused_all, distinct = {}, 0, 0
+  for _, thread in ipairs(threads) do
+    for status, n in pairs(thread:get("statuses")) do
+      total[status] = (total[status] or 0) + n
+    end
+    reused_all = reused_all + thread:get("reused")
+    distinct = distinct + thread:get("sent") - thread:get("reused")
+  end
+  local parts = {}
+  for status, n in pairs(total) do
+    parts[#parts + 1] = string.format('"%%s": %%d', status, n)
+  end
+  local e = summary.errors
+  io.write(string.format(
+    'WRK-JSON {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, ' ..
+    '"reused": %%d, "distinct": %%d, "errors": %%d, "statuses": {%%s}}\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    reused_all, distinct, e.connect + e.read + e.write + e.timeout, table.concat(parts, ", ")))
+end
+"""
+
+
+def run_wrk(
+    url: str, item_id: int, requests: Path, seconds: float, args: argparse.Namespace
+) -> Load:
+    script = requests.with_suffix(".lua")
+    script.write_text(
+        WRK_SCRIPT
+        % {
+            "path": PATH.format(item_id=item_id),
+            "file": str(requests),
+            "threads": 2,
+            "body": BODY.decode(),
+            "ticket_header": TICKET_HEADER,
+        }
+    )
+    argv = [
+        "wrk", "-t2", f"-c{args.connections}", f"-d{max(1, round(seconds))}s", "--timeout", "10s",
+        "--latency", "-s", str(script), url,
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    found = [line for line in done.stdout.splitlines() if line.startswith("WRK-JSON ")]
+    if done.returncode != 0 or not found:
+        sys.exit(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    figures = json.loads(found[-1].removeprefix("WRK-JSON "))
+    return Load(
+        requests=figures["requests"],
+        seconds=figures["duration_us"] / 1e6,
+        p50_ms=figures["p50_us"] / 1000,
+        p99_ms=figures["p99_us"] / 1000,
+        statuses=Counter(figures["statuses"]),
+        reused=figures["reused"],
+        distinct=figures["distinct"],
+        errors=figures["errors"],
+    )
+
+
+async def _load_part(
+    url: str, requests: Path, part: int, parts: int, connections: int, start_at: float,
+    seconds: float,
+) -> dict[str, Any]:  # fmt: skip
+    prepared = read_requests(requests, part, parts)
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    sent = errors = 0
+    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        stop_at = time.perf_counter() + seconds
+
+        async def connection() -> None:
+            nonlocal sent, errors
+            while time.perf_counter() < stop_at:
+                headers = prepared[sent % len(prepared)]
+                sent += 1
+                began = time.perf_counter()
+                try:
+                    async with http.post(url, data=BODY, headers=headers) as response:
+                        body = await response.read()
+                        status = response.status
+                except (TimeoutError, aiohttp.ClientError):
+                    errors += 1
+                    continue
+                latencies.append((time.perf_counter() - began) * 1000)
+                key = str(status)
+                if status >= 300:
+                    with contextlib.suppress(ValueError, AttributeError):
+                        key += f" {json.loads(body).get('error', '?')}"
+                statuses[key] += 1
+
+        began = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for _ in range(connections):
+                group.create_task(connection())
+        elapsed = time.perf_counter() - began
+    return {
+        "latencies": latencies,
+        "statuses": dict(statuses),
+        "reused": max(0, sent - len(prepared)),
+        "distinct": min(sent, len(prepared)),
+        "errors": errors,
+        "seconds": elapsed,
+    }
+
+
+def load_part(*options: Any) -> dict[str, Any]:
+    """One generator process's share of the load (run in a child process)."""
+    return uvloop.run(_load_part(*options))
+
+
+def run_builtin(
+    url: str, item_id: int, requests: Path, seconds: float, args: argparse.Namespace
+) -> Load:
+    parts = 2  # the machine's 2 cores; the server shares them
+    target = url + PATH.format(item_id=item_id)
+    start_at = time.time() + 1.0  # both processes have started and connected by then
+    shares = [args.connections // parts + (i < args.connections % parts) for i in range(parts)]
+    with multiprocessing.get_context("spawn").Pool(parts) as pool:
+        found = pool.starmap(
+            load_part,
+            [(target, requests, i, parts, shares[i], start_at, seconds) for i in range(parts)],
+        )
+    latencies = sorted(x for part in found for x in part["latencies"])
+    load = Load(
+        requests=len(latencies),
+        seconds=max(part["seconds"] for part in found),
+        reused=sum(part["reused"] for part in found),
+        distinct=sum(part["distinct"] for part in found),
+        errors=sum(part["errors"] for part in found),
+    )
+    for part in found:
+        load.statuses.update(part["statuses"])
+    if latencies:
+        load.p50_ms = latencies[(len(latencies) - 1) * 50 // 100]
+        load.p99_ms = latencies[(len(latencies) - 1) * 99 // 100]
+    return load
+
+
+def generate(
+    url: str, item_id: int, requests: Path, seconds: float, args: argparse.Namespace
+) -> Load:
+    run = run_wrk if args.generator == "wrk" else run_builtin
+    return run(url, item_id, requests, seconds, args)
+
+
+def timed(
+    name: str, url: str, item_id: int, requests: Path, args: argparse.Namespace,
+    pids: dict[str, int | None],
+) -> Load:  # fmt: skip
+    """The timed part, with the CPU each server process spent over it."""
+    before = {proc: cpu_seconds(pid) for proc, pid in pids.items()}
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    load = generate(url, item_id, requests, args.duration, args)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    spent = {proc: cpu_seconds(pid) - before[proc] for proc, pid in pids.items()}
+    # wrk, or the generator processes: children this process has waited for.
+    spent["generator"] = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    load.cpu = {proc: s / load.seconds if load.seconds else 0.0 for proc, s in spent.items()}
+    print(f"{name}: {load.per_second:,.0f} req/s, p99 {load.p99_ms:.2f} ms", flush=True)
+    return load
+
+
+# -- processes -----------------------------------------------------------------------------------
+
+
+async def wait_answering(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    async with aiohttp.ClientSession() as http:
+        while True:
+            if process.poll() is not None:
+                sys.exit(f"the server exited at start ({process.returncode}):\n{log_tail(log)}")
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                async with http.get(url) as response:
+                    if response.status < 500:
+                        return
+            if time.monotonic() > deadline:
+                sys.exit(f"no answer from {url} in {STARTUP_TIMEOUT_S} s:\n{log_tail(log)}")
+            await asyncio.sleep(0.1)
+
+
+@contextlib.contextmanager
+def hello_server(kind: str, workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port, log = free_port(), workdir / f"hello-{kind}.log"
+    argv = [sys.executable, __file__, "--serve-hello", kind, "--port", str(port)]
+    with running(argv, env=child_env({}), cwd=workdir, log=log) as process:
+        url = f"http://127.0.0.1:{port}"
+        uvloop.run(wait_answering(url + "/", process, log))
+        yield url, process
+
+
+def product_env(args: argparse.Namespace, workdir: Path, redis_url: str) -> dict[str, str]:
+    settings = client_settings(workdir)
+    database_url = args.database_url or f"sqlite+aiosqlite:///{workdir / 'seckill.db'}"
+    return child_env(
+        {
+            "data_dir": workdir / "seckill",
+            "redis_url": redis_url,
+            "database_url": database_url,
+            "jwt_algorithm": settings.jwt_algorithm,
+            "jwt_secret": settings.jwt_secret,
+            "jwt_issuer": settings.jwt_issuer,
+            "jwt_audience": settings.jwt_audience,
+            "payment_secret": "seckill-http-bench-payment-secret-" + "p" * 32,
+            "ticket_secret": "seckill-http-bench-ticket-secret-" + "t" * 32,
+            "ticket_ttl_seconds": TICKET_TTL_S,
+            "redis_max_connections": max(64, args.connections),
+        }
+    )
+
+
+# -- the product ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Product:
+    url: str
+    admin: dict[str, str]
+    settings: Settings
+    workdir: Path
+    concurrency: int
+    big_item: int = 0
+    soldout_item: int = 0
+    made: int = 0  # buyers minted so far (each one a new name)
+
+    async def buyers(self, item_id: int, count: int, name: str) -> Path:
+        """``count`` new buyers with tokens and tickets for ``item_id``, written for a run."""
+        crowd = make_crowd(self.settings, f"b{self.made}-", count, 0)
+        self.made += count
+        async with session(self.concurrency) as http:
+            await fetch_tickets(http, self.url, item_id, crowd, self.concurrency)
+        return write_requests(crowd, self.workdir / f"{name}.txt")
+
+
+async def set_up_product(product: Product) -> None:
+    async with session(product.concurrency) as http:
+        product.big_item = await create_item(http, product.url, product.admin, total=BIG_ITEM_UNITS)
+        product.soldout_item = await create_item(
+            http, product.url, product.admin, total=SOLDOUT_UNITS
+        )
+
+
+async def buy_out(product: Product) -> int:
+    """The second item bought out by a few buyers; how many were accepted."""
+    path = await product.buyers(product.soldout_item, SOLDOUT_UNITS, "buy-out")
+    headers = read_requests(path, 0, 1)
+    url = product.url + PATH.format(item_id=product.soldout_item)
+    async with session(product.concurrency) as http:
+        answers = [await call(http, "POST", url, data=BODY, headers=h) for h in headers]
+        _, body = await call(http, "GET", f"{product.url}/api/v1/admin/items/"
+                             f"{product.soldout_item}", headers=product.admin)  # fmt: skip
+    if any(status != 202 for status, _ in answers) or body["redis"]["available"] != 0:
+        sys.exit(f"buying out item {product.soldout_item} failed: {answers} {body}")
+    return len(answers)
+
+
+async def audit(product: Product, *, accepted: int, reused: int, distinct: int) -> dict[str, Any]:
+    """Wait for the stream to land, then the admin audit and the units held against the 202s."""
+    item = f"{product.url}/api/v1/admin/items/{product.big_item}"
+    started = time.monotonic()
+    async with session(4) as http:
+        while True:
+            status, counters = await call(http, "GET", item, headers=product.admin)
+            if status == 200 and counters["backlog"] == 0 and counters["agree"]:
+                break
+            if time.monotonic() - started > DRAIN_TIMEOUT_S:
+                return {"passed": False, "drained": False, "counters": counters}
+            await asyncio.sleep(0.2)
+        drained_s = time.monotonic() - started
+        status, found = await call(http, "GET", item + "/audit", headers=product.admin)
+    redis = counters["redis"]
+    units = redis["held"] + redis["sold"]
+    # Each 202 not to a repeat (a request sent again once the prepared ones ran out) is one
+    # unit; no prepared request can take more than one, and one whose answer was not counted
+    # (in flight when the generator stopped, or given up on) may have taken one unseen.
+    units_match = accepted - reused <= units <= distinct
+    failed = [c["name"] for c in found.get("checks", []) if not c["ok"]] if status == 200 else []
+    return {
+        "passed": status == 200 and bool(found["passed"]) and units_match,
+        "audit_route_passed": status == 200 and bool(found["passed"]),
+        "checks_failed": failed if status == 200 else [f"{status} {found}"],
+        "drained_after_s": round(drained_s, 2),
+        "backlog": counters["backlog"],
+        "agree": counters["agree"],
+        "accepted_202": accepted,
+        "units_held_or_sold": units,
+        "units_match": units_match,
+        "reused": reused,
+        "distinct_sent": distinct,
+    }
+
+
+# -- the report ----------------------------------------------------------------------------------
+
+
+def report(loads: dict[str, Load], expected: dict[str, str]) -> None:
+    cpus = ["server", "redis", "persister", "generator"]
+    print(f"\n{'target':<11} {'requests':>9} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'expected':>14} {'got':>9}  cpu ({', '.join(cpus)})  other")  # fmt: skip
+    for name, load in loads.items():
+        cpu = " ".join(f"{load.cpu.get(proc, 0):.2f}" for proc in cpus)
+        print(f"{name:<11} {load.requests:>9,} {load.per_second:>9,.0f} {load.p50_ms:>8.2f} "
+              f"{load.p99_ms:>8.2f} {expected[name]:>14} {load.statuses[expected[name]]:>9,}  "
+              f"{cpu}  {load.others(expected[name])}")  # fmt: skip
+
+
+def measure(
+    args: argparse.Namespace, product: Product, loads: dict[str, Load],
+    pids: dict[str, int | None],
+) -> dict[str, Any]:  # fmt: skip
+    """hello, hello raw, purchase and soldout, one after the other, into ``loads``; the audit."""
+    workdir = product.workdir
+    # Request shapes for the hello runs: they never reach the product, so may be sent again.
+    sample = uvloop.run(product.buyers(product.big_item, SAMPLE_BUYERS, "sample"))
+    for kind, name in (("fastapi", "hello"), ("raw", "hello raw")):
+        with hello_server(kind, workdir) as (hello_url, process):
+            if args.warm_up:
+                generate(hello_url, product.big_item, sample, args.warm_up, args)
+            loads[name] = timed(
+                name, hello_url, product.big_item, sample, args, {"server": process.pid}
+            )
+    ceiling = loads["hello"].per_second or 1_000.0
+
+    def run(name: str, item_id: int) -> tuple[Load, Load]:
+        # Buyers for the warm-up from the hello's rate (a ceiling), for the timed part from the
+        # warm-up's, with room to spare: no request is sent twice.
+        warmed = Load()
+        if args.warm_up:
+            count = max(MIN_POOL, int(ceiling * args.warm_up * 1.2))
+            warm = uvloop.run(product.buyers(item_id, count, f"{name}-warm"))
+            warmed = generate(product.url, item_id, warm, args.warm_up, args)
+            print(f"{name} warm-up: {warmed.per_second:,.0f} req/s", flush=True)
+        rate = warmed.per_second or ceiling
+        count = max(MIN_POOL, int(rate * args.duration * 2) + 20 * args.connections)
+        requests = uvloop.run(product.buyers(item_id, count, name))
+        loads[name] = timed(name, product.url, item_id, requests, args, pids)
+        return warmed, loads[name]
+
+    warmed, load = run("purchase", product.big_item)
+    found = uvloop.run(
+        audit(
+            product,
+            accepted=warmed.count("202") + load.count("202"),
+            reused=warmed.reused + load.reused,
+            distinct=warmed.distinct + load.distinct,
+        )
+    )
+    found["soldout_bought_out"] = uvloop.run(buy_out(product))
+    run("soldout", product.soldout_item)
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.serve_hello:
+        serve_hello(args.serve_hello, args.port)
+        return
+    print(f"generator {args.generator}, {args.connections} connections, {args.workers} "
+          f"worker process, {args.duration:g} s timed after {args.warm_up:g} s of warm-up, "
+          f"{os.cpu_count()} CPUs shared by generator and servers", flush=True)  # fmt: skip
+    loads: dict[str, Load] = {}
+    with tempfile.TemporaryDirectory(prefix="seckill-http-") as tmp:
+        workdir = Path(tmp)
+        with RedisServer(
+            binary=redis_binary(args.redis_server), data_dir=workdir / "redis", port=free_port(),
+            appendonly=True,
+        ) as redis:  # fmt: skip
+            env = product_env(args, workdir, redis.url)
+            seckill = str(Path(sys.executable).with_name("seckill"))
+            upgraded = subprocess.run(
+                [seckill, "db", "upgrade"], env=env, cwd=workdir, capture_output=True, check=False
+            )
+            if upgraded.returncode != 0:
+                sys.exit(f"seckill db upgrade failed:\n{upgraded.stdout.decode()}"
+                         f"{upgraded.stderr.decode()}")  # fmt: skip
+            port = free_port()
+            api_argv = [seckill, "api", "--host", "127.0.0.1", "--port", str(port)]
+            with (
+                running(api_argv, env=env, cwd=workdir, log=workdir / "api.log") as api,
+                running(
+                    [seckill, "worker", "persister"], env=env, cwd=workdir,
+                    log=workdir / "persister.log",
+                ) as persister,
+            ):  # fmt: skip
+                url = f"http://127.0.0.1:{port}"
+                uvloop.run(wait_answering(url + "/healthz", api, workdir / "api.log"))
+                product = Product(
+                    url=url, admin=admin_headers(client_settings(workdir)),
+                    settings=client_settings(workdir), workdir=workdir,
+                    concurrency=args.connections,
+                )  # fmt: skip
+                uvloop.run(set_up_product(product))
+                found = measure(args, product, loads, pids={
+                    "server": api.pid, "redis": redis.process and redis.process.pid,
+                    "persister": persister.pid,
+                })  # fmt: skip
+    report(loads, {"hello": "200", "hello raw": "200", "purchase": "202",
+                   "soldout": "409 sold_out"})  # fmt: skip
+    verdict = "passed" if found["passed"] else "FAILED"
+    print(f"\naudit {verdict}: {json.dumps(found)}")
+    for name in ("purchase", "soldout"):  # the hello runs reuse their sample on purpose
+        if loads[name].reused:
+            print(f"note: {name} ran out of prepared buyers; {loads[name].reused} sent again")
+
+    def ratio(load: str) -> float:
+        ceiling = loads["hello"].per_second
+        return round(loads[load].per_second / ceiling, 3) if ceiling else 0.0
+
+    summary = {
+        "hello_rps": round(loads["hello"].per_second, 1),
+        "hello_raw_rps": round(loads["hello raw"].per_second, 1),
+        "purchase_rps": round(loads["purchase"].per_second, 1),
+        "soldout_rps": round(loads["soldout"].per_second, 1),
+        "purchase_p50_ms": round(loads["purchase"].p50_ms, 2),
+        "purchase_p99_ms": round(loads["purchase"].p99_ms, 2),
+        "soldout_p99_ms": round(loads["soldout"].p99_ms, 2),
+        "ratio": ratio("purchase"),
+        "soldout_ratio": ratio("soldout"),
+        "generator": args.generator,
+        "workers": args.workers,
+        "connections": args.connections,
+        "duration_s": args.duration,
+        "audit": found,
+    }
+    print(json.dumps(summary))
+    if not found["passed"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("interrupted")  # the servers were stopped on the way out
