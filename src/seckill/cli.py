@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -76,7 +77,7 @@ def _logging() -> None:
     configure_logging(settings.log_format, settings.log_level)
 
 
-def _metrics_dir() -> None:
+def _metrics_dir(*, processes: int = 1) -> None:
     """With SECKILL_METRICS_DIR, this process writes its metrics into files there, which every
     process of the deployment shares. prometheus_client picks its mode when first imported, so
     this runs before anything imports it (seckill.serve and the workers do)."""
@@ -85,7 +86,12 @@ def _metrics_dir() -> None:
 
     from seckill.config import Settings
 
-    path = Settings().metrics_dir
+    settings = Settings()
+    path = settings.metrics_dir
+    if path is None and processes > 1:
+        # The API's own processes still add up: a directory of its own, emptied at start.
+        path = settings.data_dir / "metrics"
+        shutil.rmtree(path, ignore_errors=True)
     if path is None:
         return
     if "prometheus_client" in sys.modules:
@@ -122,9 +128,28 @@ def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
 
 
 @app.command()
-def api(host: str | None = _HOST, port: int | None = _PORT) -> None:
+def api(
+    host: str | None = _HOST,
+    port: int | None = _PORT,
+    processes: int = typer.Option(
+        1, "--workers", min=1, help="API processes sharing the port (more than 1: a shared Redis)."
+    ),
+) -> None:
     """Run the API alone (workers run apart: `seckill worker ...`) until SIGTERM."""
-    _run(api=True, workers=[], host=host, port=port)
+    if processes == 1:
+        _run(api=True, workers=[], host=host, port=port)
+        return
+    _metrics_dir(processes=processes)  # before the imports below
+    from seckill.config import Settings
+    from seckill.serve import run_api_processes
+
+    _logging()
+    updates = {k: v for k, v in (("api_host", host), ("api_port", port)) if v is not None}
+    try:
+        run_api_processes(Settings().model_copy(update=updates), processes)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
 
 
 @app.command()

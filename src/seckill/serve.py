@@ -138,6 +138,50 @@ async def run(
         log.info("stopped")
 
 
+def run_api_processes(settings: Settings, processes: int) -> None:
+    """The API in ``processes`` worker processes on one listening socket, until SIGTERM/SIGINT.
+
+    The socket is bound here, once, and handed to each process (uvicorn's supervisor spawns
+    them, restarts one that dies and stops them all on a signal). Each process opens its own
+    runtime: its own connections and its own leased order-id worker id. They must share one
+    Redis, so an embedded one is refused (``seckill serve`` runs that); the embedded SQLite
+    file is upgraded once here, before any process opens it.
+    """
+    from uvicorn.supervisors import Multiprocess
+
+    if not settings.redis_url:
+        raise ValueError(
+            "several API processes share one Redis: set SECKILL_REDIS_URL "
+            "(the embedded Redis belongs to one process: `seckill serve`)"
+        )
+    if settings.database_url_is_default:
+        uvloop.run(_upgrade_embedded_database(settings))
+    sock = listening_socket(settings.api_host, settings.api_port)
+    config = uvicorn.Config(
+        "seckill.api.app:app_from_environment",
+        factory=True,
+        workers=processes,
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+    host, port = sock.getsockname()[:2]
+    log.info("API on http://%s:%d (OpenAPI at /docs), %d processes", host, port, processes)
+    Multiprocess(config, sockets=[sock]).run()
+
+
+async def _upgrade_embedded_database(settings: Settings) -> None:
+    from seckill.store.database import open_database
+    from seckill.store.migrate import upgrade
+
+    database = open_database(settings.effective_database_url)
+    try:
+        await upgrade(database)
+    finally:
+        await database.dispose()
+
+
 def run_blocking(settings: Settings, **options: Any) -> None:
     """``run`` on uvloop, the faster event loop (the code is the same on asyncio's)."""
     uvloop.run(run(settings, **options))

@@ -54,3 +54,13 @@ def create_app(
     # Outermost, so every answer is counted and timed, sheds included.
     app.add_middleware(HttpMetrics)
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The API as each process of ``seckill api --workers N`` builds it: settings from the
+    environment, logging as they say, its own runtime opened at startup."""
+    from seckill.observability.logs import configure_logging
+
+    settings = Settings()
+    configure_logging(settings.log_format, settings.log_level)
+    return create_app(settings)
