@@ -237,14 +237,21 @@ def log_tail(log: Path) -> str:
 
 
 def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of a process so far (Linux /proc), 0 if unknown."""
+    """User + system CPU so far of a process and its live descendants (the worker processes
+    of a supervisor), from Linux /proc; 0 if unknown."""
     if pid is None:
         return 0.0
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [
+            int(child)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()
+        ]
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child) for child in children)
 
 
 def local_database_pid(url: str) -> int | None:

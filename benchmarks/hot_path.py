@@ -7,8 +7,9 @@ the body ``{"quantity":1}``) from C keep-alive connections (default 64) for D se
 
 * ``hello``: a FastAPI app with one route on that path that answers a small JSON body and reads
   nothing, served exactly as the product is (uvicorn's defaults, hence httptools, under
-  ``uvloop.run``, one process, on a socket from ``seckill.serve.listening_socket``: IPPROTO_TCP,
-  so Nagle is off). This is the framework's floor: ``ratio`` divides by it. ``hello raw`` is the
+  ``uvloop.run``, on a socket from ``seckill.serve.listening_socket``: IPPROTO_TCP, so Nagle is
+  off; with ``--workers N``, N processes on that one socket, as ``seckill api --workers N``).
+  This is the framework's floor: ``ratio`` divides by it. ``hello raw`` is the
   same with a bare ASGI callable instead of FastAPI: the floor of uvicorn alone, for reference.
 * ``purchase``: the product, ``seckill api`` (the API alone) with a separate ``seckill worker
   persister`` landing the stream in SQL, over its own redis-server on a free port (AOF on,
@@ -38,8 +39,8 @@ connections: targets to judge the work by, not assertions; nothing here fails on
 Every request is a new buyer, so the API never rate-limits or sheds honest traffic here: the
 per-buyer rate limit (5 per second) and the admission limit (512 in flight, against at most
 ``--connections``) are left at their defaults; only the ticket lifetime is raised (tickets are
-fetched before the clock). ``seckill api`` serves one process on its own socket, without
-SO_REUSEPORT, so ``--workers`` above 1 needs product support and is refused.
+fetched before the clock). ``--workers N`` runs every server (hello, hello raw, the API) as N
+processes on one socket; the CPU figures add up each server's processes.
 
 The audit, after the purchase runs: once the stream has landed (admin counters: backlog 0, Redis
 and SQL agree), the admin audit route must pass, and the units held or sold in Redis must equal
@@ -109,7 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warm-up", type=float, default=2.0, help="seconds before each timing")
     parser.add_argument("--connections", type=int, default=64, help="keep-alive connections")
     parser.add_argument(
-        "--workers", type=int, default=1, help="server processes (only 1: see the docstring)"
+        "--workers", type=int, default=1, help="server processes, for hello and the API alike"
     )
     parser.add_argument("--generator", choices=("auto", "wrk", "builtin"), default="auto")
     parser.add_argument(
@@ -129,12 +130,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--duration must be positive and --warm-up not negative")
     if args.connections < 2:
         parser.error("--connections must be at least 2")
-    if args.workers != 1:
-        parser.error(
-            "--workers: `seckill api` runs one process on a socket it binds itself (no "
-            "SO_REUSEPORT, no worker option), so several API processes on one port need "
-            "support in the product first; measure with --workers 1"
-        )
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
     if args.generator == "wrk" and not shutil.which("wrk"):
         parser.error("--generator wrk: wrk is not installed (Debian: apt-get install wrk)")
     if args.generator == "auto":
@@ -178,16 +175,25 @@ async def hello_raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": HELLO_BODY})
 
 
-def serve_hello(kind: str, port: int) -> None:
-    """Serve a hello app until SIGTERM, set up as ``seckill.serve.run`` sets up the API."""
+def serve_hello(kind: str, port: int, workers: int) -> None:
+    """Serve a hello app until SIGTERM, set up as ``seckill.serve`` sets up the API: in this
+    process, or in ``workers`` processes on one socket as ``seckill api --workers`` does."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     from seckill.serve import listening_socket
 
     sock = listening_socket("127.0.0.1", port)
-    app = hello_fastapi() if kind == "fastapi" else hello_raw
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    uvloop.run(uvicorn.Server(config).serve(sockets=[sock]))
+    app = "hot_path:hello_fastapi" if kind == "fastapi" else "hot_path:hello_raw"
+    options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"}
+    if workers > 1:
+        config = uvicorn.Config(
+            app, factory=kind == "fastapi", workers=workers, loop="uvloop", **options
+        )
+        Multiprocess(config, sockets=[sock]).run()
+        return
+    loaded = hello_fastapi() if kind == "fastapi" else hello_raw
+    uvloop.run(uvicorn.Server(uvicorn.Config(loaded, **options)).serve(sockets=[sock]))
 
 
 # -- the prepared requests -----------------------------------------------------------------------
@@ -474,9 +480,12 @@ async def wait_answering(url: str, process: subprocess.Popen[bytes], log: Path) 
 
 
 @contextlib.contextmanager
-def hello_server(kind: str, workdir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def hello_server(
+    kind: str, workdir: Path, workers: int
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port, log = free_port(), workdir / f"hello-{kind}.log"
     argv = [sys.executable, __file__, "--serve-hello", kind, "--port", str(port)]
+    argv += ["--workers", str(workers)]
     with running(argv, env=child_env({}), cwd=workdir, log=log) as process:
         url = f"http://127.0.0.1:{port}"
         uvloop.run(wait_answering(url + "/", process, log))
@@ -549,17 +558,22 @@ async def buy_out(product: Product) -> int:
 
 
 async def audit(product: Product, *, accepted: int, reused: int, distinct: int) -> dict[str, Any]:
-    """Wait for the stream to land, then the admin audit and the units held against the 202s."""
+    """Wait for the stream to land and the counters to settle, then the admin audit and the units
+    held against the 202s. Settled means unchanged for a second: requests in flight when the
+    generator stopped are still being answered, and each may hold a unit after the last look."""
     item = f"{product.url}/api/v1/admin/items/{product.big_item}"
     started = time.monotonic()
     async with session(4) as http:
+        last: dict[str, Any] | None = None
         while True:
             status, counters = await call(http, "GET", item, headers=product.admin)
-            if status == 200 and counters["backlog"] == 0 and counters["agree"]:
+            landed = status == 200 and counters["backlog"] == 0 and counters["agree"]
+            if landed and counters == last:
                 break
+            last = counters if landed else None
             if time.monotonic() - started > DRAIN_TIMEOUT_S:
                 return {"passed": False, "drained": False, "counters": counters}
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0 if landed else 0.2)
         drained_s = time.monotonic() - started
         status, found = await call(http, "GET", item + "/audit", headers=product.admin)
     redis = counters["redis"]
@@ -607,7 +621,7 @@ def measure(
     # Request shapes for the hello runs: they never reach the product, so may be sent again.
     sample = uvloop.run(product.buyers(product.big_item, SAMPLE_BUYERS, "sample"))
     for kind, name in (("fastapi", "hello"), ("raw", "hello raw")):
-        with hello_server(kind, workdir) as (hello_url, process):
+        with hello_server(kind, workdir, args.workers) as (hello_url, process):
             if args.warm_up:
                 generate(hello_url, product.big_item, sample, args.warm_up, args)
             loads[name] = timed(
@@ -647,7 +661,7 @@ def measure(
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.serve_hello:
-        serve_hello(args.serve_hello, args.port)
+        serve_hello(args.serve_hello, args.port, args.workers)
         return
     print(f"generator {args.generator}, {args.connections} connections, {args.workers} "
           f"worker process, {args.duration:g} s timed after {args.warm_up:g} s of warm-up, "
@@ -669,6 +683,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          f"{upgraded.stderr.decode()}")  # fmt: skip
             port = free_port()
             api_argv = [seckill, "api", "--host", "127.0.0.1", "--port", str(port)]
+            api_argv += ["--workers", str(args.workers)]
             with (
                 running(api_argv, env=env, cwd=workdir, log=workdir / "api.log") as api,
                 running(
