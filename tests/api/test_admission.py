@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seckill.api.admission import Admission, AdmissionLimit
 from seckill.redis_server import RedisServer
@@ -37,7 +37,8 @@ class HeldApp:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def call(app: AdmissionLimit, method: str, path: str) -> list[Message]:
+async def call(app: ASGIApp, method: str, path: str) -> list[Message]:
+    """One request straight to an ASGI app: the messages it sent back."""
     scope: dict[str, Any] = {"type": "http", "method": method, "path": path, "headers": []}
     sent: list[Message] = []
 

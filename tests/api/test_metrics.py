@@ -24,7 +24,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from seckill.api.admission import AdmissionLimit
 from seckill.api.metrics import PURCHASE_ROUTE, HttpMetrics
@@ -38,6 +38,7 @@ from seckill.security.tokens import Role, token_codec
 from seckill.serve import WorkerKind, build_worker
 from seckill.store.ledger import Ledger
 from tests.api.conftest import JWT_SECRET, PAYMENT_SECRET, Answer, Api, api_settings, running_api
+from tests.api.test_admission import call, status
 
 single_redis = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
@@ -267,28 +268,18 @@ async def test_a_shed_purchase_is_counted_on_the_purchase_route() -> None:
 
     app = HttpMetrics(AdmissionLimit(held, max_in_flight=1))
 
-    async def call(path: str) -> int:
-        scope = {"type": "http", "method": "POST", "path": path, "headers": []}
-        sent: list[Message] = []
-
-        async def receive() -> Message:
-            return {"type": "http.request", "body": b"", "more_body": False}
-
-        async def send(message: Message) -> None:
-            sent.append(message)
-
-        await app(scope, receive, send)
-        return int(sent[0]["status"])
+    async def post(path: str) -> int:
+        return status(await call(app, "POST", path))
 
     before = collected()
-    first = asyncio.create_task(call("/api/v1/items/1/orders"))
+    first = asyncio.create_task(post("/api/v1/items/1/orders"))
     await asyncio.sleep(0)
-    assert await asyncio.wait_for(call("/api/v1/items/2/orders"), 5) == 503
+    assert await asyncio.wait_for(post("/api/v1/items/2/orders"), 5) == 503
     release.set()
     assert await first == 204
     failing = True
     with pytest.raises(RuntimeError):
-        await call("/nowhere")
+        await post("/nowhere")
     after = collected()
     assert outcomes(before, after, PURCHASE_ROUTE) == {"overloaded": 1, "204": 1}
     assert outcomes(before, after, "other") == {"500": 1}
