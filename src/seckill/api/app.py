@@ -4,25 +4,46 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from seckill import __version__
 from seckill.api import admin, buyers, dashboard, health, metrics, payments, tickets
-from seckill.api.admission import AdmissionLimit
+from seckill.api.admission import PURCHASE_PATH
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics
+from seckill.api.purchase_route import PurchaseRoute
 from seckill.api.request_ids import RequestIds
 from seckill.bootstrap import Runtime, open_runtime
 from seckill.config import Settings
 from seckill.services.tickets import TicketGate
 
 
+class SeckillApi(FastAPI):
+    """FastAPI, with the purchase route served ahead of its machinery (see PurchaseRoute)."""
+
+    def __init__(self, *, purchase_route: PurchaseRoute, **options: Any) -> None:
+        super().__init__(**options)
+        self.purchase_route = purchase_route
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] == "POST"
+            and PURCHASE_PATH.fullmatch(scope["path"])
+        ):
+            await self.purchase_route(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: Settings, *, runtime: Runtime | None = None, ticket_gate: TicketGate | None = None
-) -> FastAPI:
+) -> SeckillApi:
     """The API. With ``runtime`` it serves that one (its owner closes it); without, it opens
     its own at startup and closes it at shutdown. ``ticket_gate`` decides who may have a
     purchase ticket (a captcha, a waiting room); without one, everyone may."""
@@ -35,28 +56,30 @@ def create_app(
             else:
                 active = runtime
             app.state.context = Context.build(active, ticket_gate=ticket_gate)
+            purchase_route.context = app.state.context
             yield
 
-    app = FastAPI(
+    purchase_route = PurchaseRoute(
+        max_in_flight=settings.admission_max_in_flight, max_body_bytes=settings.max_body_bytes
+    )
+    app = SeckillApi(
+        purchase_route=purchase_route,
         title="seckill",
         version=__version__,
         description="A flash-sale backend: every purchase decided by one atomic Redis script.",
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    tickets.install_ticket_handlers(app)
     for module in (buyers, tickets, admin, payments, health, metrics, dashboard):
         app.include_router(module.router)
+    # The other routes' layers; the purchase route does the same for itself.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIds)
-    # Outside all but the metrics: an excess purchase is shed before anything else looks at it.
-    app.add_middleware(AdmissionLimit, max_in_flight=settings.admission_max_in_flight)
-    # Outermost, so every answer is counted and timed, sheds included.
-    app.add_middleware(HttpMetrics)
+    app.add_middleware(HttpMetrics)  # outermost, so every answer is counted and timed
     return app
 
 
-def app_from_environment() -> FastAPI:
+def app_from_environment() -> SeckillApi:
     """The API as each process of ``seckill api --workers N`` builds it: settings from the
     environment, logging as they say, its own runtime opened at startup."""
     from seckill.observability.logs import configure_logging

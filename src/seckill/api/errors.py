@@ -7,6 +7,7 @@ handlers below render.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,10 +25,12 @@ from seckill.domain.ids import WorkerIdLost
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.scripts import NotDurable
 from seckill.security.signatures import BadSignature
+from seckill.security.tickets import BadTicket
 from seckill.security.tokens import InvalidToken
 from seckill.services.items import UnknownItem
 from seckill.services.orders import OrderNotFound
 from seckill.services.purchases import RequestInFlight
+from seckill.services.tickets import GateRefused, SaleClosed
 from seckill.store.database import is_transient
 
 
@@ -98,42 +101,69 @@ def _status_name(status: int) -> str:
     )
 
 
+def answer_for(exc: Exception) -> ApiError | None:
+    """The answer to an exception the product raises on purpose, or None for one it does not
+    know (a bug: 500). The framework's handlers and the lean purchase route both ask here."""
+    match exc:
+        case ApiError():
+            return exc
+        case InvalidRequest():
+            return ApiError(_CONFLICTS.get(exc.code, 422), exc.code.value, exc.message)
+        case UnknownItem():
+            return ApiError(404, Outcome.UNKNOWN_ITEM.value, str(exc))
+        case OrderNotFound():
+            return ApiError(404, Outcome.UNKNOWN_ORDER.value, str(exc))
+        case RequestInFlight():
+            return ApiError(409, "request_in_flight", str(exc), {"Retry-After": "1"})
+        case InvalidToken():
+            return ApiError(401, "invalid_token", str(exc), {"WWW-Authenticate": "Bearer"})
+        case BadSignature():
+            return ApiError(401, "invalid_signature", str(exc))
+        case BadTicket():
+            return ApiError(403, "invalid_ticket", str(exc))
+        case SaleClosed():
+            return ApiError(403, exc.outcome.value, str(exc))
+        case GateRefused():
+            retry = {"Retry-After": str(exc.decision.retry_after_seconds)}
+            return ApiError(429, "gate_refused", str(exc), retry)
+        # Outages: the request was not accepted; the client may retry (with the same key).
+        case RedisConnectionError() | RedisTimeoutError():
+            return ApiError(503, "redis_unavailable", "Redis is unreachable", {"Retry-After": "1"})
+        # Written on the primary but not yet on enough replicas: not a yes. A retry with the same
+        # key replays the same answer, checked again.
+        case NotDurable():
+            return ApiError(503, "not_durable", str(exc), {"Retry-After": "1"})
+        case WorkerIdLost():
+            return ApiError(503, "redis_unavailable", str(exc), {"Retry-After": "1"})
+        case SQLAlchemyError() | OSError() if is_transient(exc):
+            return ApiError(503, "database_unavailable", "the database is unreachable",
+                            {"Retry-After": "5"})  # fmt: skip
+        case SQLAlchemyError() | OSError():
+            return ApiError(500, "internal_error", "the database refused the request")
+    return None
+
+
+# Every exception type answer_for knows (subclasses included), for the framework's handlers.
+ANSWERED: tuple[type[Exception], ...] = (
+    ApiError, InvalidRequest, UnknownItem, OrderNotFound, RequestInFlight, InvalidToken,
+    BadSignature, BadTicket, SaleClosed, GateRefused, RedisConnectionError, RedisTimeoutError,
+    NotDurable, WorkerIdLost, SQLAlchemyError, OSError,
+)  # fmt: skip
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> Any:
-        return _render(exc.status, exc.code, exc.message, exc.headers)
+    async def answered(_: Request, exc: Exception) -> Any:
+        answer = answer_for(exc)
+        if answer is None:
+            raise exc
+        return _render(answer.status, answer.code, answer.message, answer.headers)
 
-    @app.exception_handler(InvalidRequest)
-    async def invalid(_: Request, exc: InvalidRequest) -> Any:
-        return _render(_CONFLICTS.get(exc.code, 422), exc.code.value, exc.message)
-
-    @app.exception_handler(UnknownItem)
-    async def unknown_item(_: Request, exc: UnknownItem) -> Any:
-        return _render(404, Outcome.UNKNOWN_ITEM.value, str(exc))
-
-    @app.exception_handler(OrderNotFound)
-    async def unknown_order(_: Request, exc: OrderNotFound) -> Any:
-        return _render(404, Outcome.UNKNOWN_ORDER.value, str(exc))
-
-    @app.exception_handler(RequestInFlight)
-    async def in_flight(_: Request, exc: RequestInFlight) -> Any:
-        return _render(409, "request_in_flight", str(exc), {"Retry-After": "1"})
-
-    @app.exception_handler(InvalidToken)
-    async def bad_token(_: Request, exc: InvalidToken) -> Any:
-        return _render(401, "invalid_token", str(exc), {"WWW-Authenticate": "Bearer"})
-
-    @app.exception_handler(BadSignature)
-    async def bad_signature(_: Request, exc: BadSignature) -> Any:
-        return _render(401, "invalid_signature", str(exc))
+    for kind in ANSWERED:
+        app.add_exception_handler(kind, answered)
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> Any:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}"
-            for e in exc.errors()
-        )
-        return _render(422, "invalid_request", problems or "invalid request")
+        return _render(422, "invalid_request", validation_message(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Any:
@@ -146,29 +176,13 @@ def install_error_handlers(app: FastAPI) -> None:
             return _render(422, "invalid_request", "body: not valid JSON")
         return _render(exc.status_code, _status_name(exc.status_code), str(exc.detail))
 
-    # Outages: the request was not accepted; the client may retry (with the same key).
-    @app.exception_handler(RedisConnectionError)
-    @app.exception_handler(RedisTimeoutError)
-    async def redis_down(_: Request, exc: Exception) -> Any:
-        return _render(503, "redis_unavailable", "Redis is unreachable", {"Retry-After": "1"})
 
-    # Written on the primary but not yet on enough replicas: not a yes. A retry with the same key
-    # replays the same answer, checked again.
-    @app.exception_handler(NotDurable)
-    async def not_durable(_: Request, exc: NotDurable) -> Any:
-        return _render(503, "not_durable", str(exc), {"Retry-After": "1"})
-
-    @app.exception_handler(WorkerIdLost)
-    async def no_ids(_: Request, exc: WorkerIdLost) -> Any:
-        return _render(503, "redis_unavailable", str(exc), {"Retry-After": "1"})
-
-    @app.exception_handler(SQLAlchemyError)
-    @app.exception_handler(OSError)
-    async def database_down(_: Request, exc: Exception) -> Any:
-        if is_transient(exc):
-            return _render(503, "database_unavailable", "the database is unreachable",
-                           {"Retry-After": "5"})  # fmt: skip
-        return _render(500, "internal_error", "the database refused the request")
+def validation_message(errors: Sequence[Any]) -> str:
+    """Validation errors in one line: ``where: what`` for each, joined by ``; ``."""
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors
+    )
+    return problems or "invalid request"
 
 
 def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:

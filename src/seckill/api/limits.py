@@ -12,11 +12,16 @@ class BodyTooLarge(Exception):
     pass
 
 
+def too_large(max_bytes: int) -> str:
+    """What a refused body is told."""
+    return f"request bodies are limited to {max_bytes} bytes"
+
+
 class BodySizeLimit:
     def __init__(self, app: ASGIApp, *, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self._message = f"request bodies are limited to {max_bytes} bytes"
+        self._message = too_large(max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -76,11 +76,25 @@ class HttpMetrics:
             await self.app(scope, receive, sending)
         finally:
             route = _route(scope)
-            outcome = _outcome(route, status, error_body)
-            metrics.HTTP_REQUESTS.labels(route=route, outcome=outcome).inc()
-            if outcome == RATE_LIMITED:
-                metrics.RATE_LIMITED.inc()
-            metrics.HTTP_REQUEST_DURATION.labels(route=route).observe(time.perf_counter() - started)
+            record_request(route, _outcome(route, status, error_body), started)
+
+
+def record_request(route: str, outcome: str, started: float) -> None:
+    """Count one answered request and time it from ``started`` (``time.perf_counter()``)."""
+    counter = _counters.get((route, outcome))
+    if counter is None:  # first of its kind: label it once, not on every request
+        counter = _counters[route, outcome] = metrics.HTTP_REQUESTS.labels(route, outcome)
+    counter.inc()
+    if outcome == RATE_LIMITED:
+        metrics.RATE_LIMITED.inc()
+    timer = _timers.get(route)
+    if timer is None:
+        timer = _timers[route] = metrics.HTTP_REQUEST_DURATION.labels(route)
+    timer.observe(time.perf_counter() - started)
+
+
+_counters: dict[tuple[str, str], Any] = {}
+_timers: dict[str, Any] = {}
 
 
 def _route(scope: Scope) -> str:

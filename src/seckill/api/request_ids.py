@@ -14,6 +14,11 @@ HEADER = b"x-request-id"
 _USABLE = re.compile(rb"[A-Za-z0-9._:-]{1,64}")  # safe in a log line, a header and a Lua ARGV
 
 
+def request_id_from(given: bytes) -> str:
+    """The request's id: the caller's ``X-Request-Id`` value if usable, else a new one."""
+    return given.decode() if _USABLE.fullmatch(given) else new_request_id()
+
+
 class RequestIds:
     """Pure ASGI middleware, so it costs a header lookup and a context variable per request."""
 
@@ -24,8 +29,7 @@ class RequestIds:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = next((v for k, v in scope["headers"] if k == HEADER), b"")
-        request_id = given.decode() if _USABLE.fullmatch(given) else new_request_id()
+        request_id = request_id_from(next((v for k, v in scope["headers"] if k == HEADER), b""))
 
         async def answer(message: Message) -> None:
             if message["type"] == "http.response.start":

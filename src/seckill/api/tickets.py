@@ -6,23 +6,21 @@ buyer sends the ticket in ``Seckill-Ticket`` with each purchase until it expires
 on sale, 429 ``gate_refused`` with ``Retry-After`` when the gate (captcha, waiting room) says
 not yet; on the purchase route, 403 ``invalid_ticket`` for a ticket that is missing, forged,
 expired, or for another buyer or item. See ``seckill.services.tickets`` and
-``seckill.security.tickets``.
+``seckill.security.tickets``; the refusals' answers are in ``seckill.api.errors``.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Path, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Header, Path
 from pydantic import BaseModel, Field
 
 from seckill.api.auth import BuyerIdentity
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
-from seckill.security.tickets import TICKET_HEADER, BadTicket
-from seckill.services.tickets import GateRefused, SaleClosed
+from seckill.security.tickets import TICKET_HEADER
 from seckill.store.tables import ms_to_datetime
 
 router = APIRouter(prefix="/api/v1", tags=["buyers"])
@@ -59,24 +57,3 @@ async def issue_ticket(item_id: ItemId, buyer: BuyerIdentity, ctx: Ctx) -> Ticke
     end. 429 ``gate_refused`` (with ``Retry-After``) when the waiting room says not yet."""
     text, ticket = await ctx.tickets.issue(item_id, buyer=buyer.subject)
     return TicketOut(ticket=text, expires_at=ms_to_datetime(ticket.expires_at_ms))
-
-
-def install_ticket_handlers(app: FastAPI) -> None:
-    """Map the ticket refusals to answers (the ``{"error", "message"}`` body of every error)."""
-
-    @app.exception_handler(BadTicket)
-    async def bad_ticket(_: Request, exc: BadTicket) -> Any:
-        return _error(403, "invalid_ticket", str(exc))
-
-    @app.exception_handler(SaleClosed)
-    async def sale_closed(_: Request, exc: SaleClosed) -> Any:
-        return _error(403, exc.outcome.value, str(exc))
-
-    @app.exception_handler(GateRefused)
-    async def gate_refused(_: Request, exc: GateRefused) -> Any:
-        retry = str(exc.decision.retry_after_seconds)
-        return _error(429, "gate_refused", str(exc), {"Retry-After": retry})
-
-
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Any:
-    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)

@@ -26,11 +26,6 @@ def new_request_id() -> str:
     return secrets.token_hex(8)
 
 
-def current_request_id() -> str:
-    """The id of the request this task serves ("" outside one)."""
-    return REQUEST_ID.get()
-
-
 class RequestIdFilter(logging.Filter):
     """Stamps each record with the current request id, unless the call gave its own."""
 

@@ -1,0 +1,94 @@
+"""The purchase route reads its request as the framework would: the same bearer tokens, the same
+bodies accepted and refused, the same idempotency keys."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fastapi.security import HTTPBearer
+from starlette.requests import Request
+
+from seckill.api.auth import bearer_token
+from seckill.api.errors import ApiError
+from seckill.api.purchase_route import _item_id, _quantity, idempotency_key
+
+AUTHORIZATIONS = [
+    None, "", "Bearer abc", "bearer abc", "BEARER abc", "Bearer  abc  ", "Bearer", "Bearer ",
+    "Basic abc", "Bearerabc", " Bearer abc", "Bearer a b", "Token abc",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("authorization", AUTHORIZATIONS)
+def test_a_bearer_token_is_read_as_the_framework_reads_it(authorization: str | None) -> None:
+    headers = [] if authorization is None else [(b"authorization", authorization.encode())]
+    request = Request({"type": "http", "headers": headers})
+    credentials = asyncio.run(HTTPBearer(auto_error=False)(request))
+    expected = credentials.credentials if credentials else None
+    assert bearer_token(authorization) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "quantity"),
+    [
+        (b"", None, 1),
+        (b'{"quantity": 3}', b"application/json", 3),
+        (b'{"quantity": 3}', None, 3),
+        (b'{"quantity": "3"}', b"application/json; charset=utf-8", 3),
+        (b"{}", b"application/vnd.seckill+json", 1),
+    ],
+)
+def test_bodies_that_buy(body: bytes, content_type: bytes | None, quantity: int) -> None:
+    assert _quantity(body, content_type).quantity == quantity
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "says"),
+    [
+        (b'{"quantity": 0}', None, "body.quantity: Input should be greater than or equal to 1"),
+        (b'{"quantity": 1.5}', None, "body.quantity"),
+        (b'{"quantity": null}', None, "body.quantity"),
+        (b'{"quantity": 1, "price": 0}', None, "body.price: Extra inputs are not permitted"),
+        (b"[1, 2]", None, "body: Input should be an object"),
+        (b"{not json", None, "body: not valid JSON"),
+        (b"\xff{}", None, "body: not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, None, "body: not valid JSON"),
+        (b'{"quantity": 1}', b"text/plain", "body: send it as application/json"),
+    ],
+)
+def test_bodies_that_are_refused(body: bytes, content_type: bytes | None, says: str) -> None:
+    with pytest.raises(ApiError) as refused:
+        _quantity(body, content_type)
+    assert (refused.value.status, refused.value.code) == (422, "invalid_request")
+    assert refused.value.message.startswith(says)
+
+
+@pytest.mark.parametrize(
+    ("path", "item_id"),
+    [
+        ("/api/v1/items/1/orders", 1),
+        ("/api/v1/items/9223372036854775807/orders", 2**63 - 1),
+        ("/api/v1/items/007/orders", 7),
+        ("/api/v1/items/0/orders", None),
+        ("/api/v1/items/9223372036854775808/orders", None),
+        ("/api/v1/items/-1/orders", None),
+        ("/api/v1/items/abc/orders", None),
+        ("/api/v1/items/\u0661/orders", None),  # a digit, but not an ASCII one
+    ],
+)
+def test_item_ids(path: str, item_id: int | None) -> None:
+    if item_id is not None:
+        assert _item_id(path) == item_id
+        return
+    with pytest.raises(ApiError) as refused:
+        _item_id(path)
+    assert (refused.value.status, refused.value.code) == (422, "invalid_request")
+
+
+def test_idempotency_keys() -> None:
+    assert idempotency_key(' "abc" ') == "abc"
+    assert idempotency_key("abc") == "abc"
+    assert idempotency_key('"') == '"'
+    with pytest.raises(ApiError) as missing:
+        idempotency_key(None)
+    assert (missing.value.status, missing.value.code) == (400, "idempotency_key_required")
