@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from seckill.config import Settings
+from seckill.security import tokens
 from seckill.security.generated import generated_secret
 from seckill.security.signatures import (
     SIGNATURE_HEADER,
@@ -146,6 +147,55 @@ def test_expiry_allows_the_leeway_and_no_more() -> None:
     assert codec.verify(token, now=NOW + 60 + LEEWAY_SECONDS - 1).subject == "alice"
     with pytest.raises(InvalidToken, match="token expired"):
         codec.verify(token, now=NOW + 60 + LEEWAY_SECONDS)
+
+
+def test_a_verified_token_is_remembered_and_its_times_checked_at_each_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    codec = _hs256()
+    token = codec.mint("alice", Role.BUYER, ttl_seconds=60, now=NOW)
+    assert codec.verify(token, now=NOW) == Identity("alice", Role.BUYER)
+
+    def unreachable(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a remembered token was verified again")
+
+    monkeypatch.setattr(jwt, "decode", unreachable)
+    assert codec.verify(token, now=NOW + 30) == Identity("alice", Role.BUYER)
+    with pytest.raises(InvalidToken, match="token expired"):
+        codec.verify(token, now=NOW + 60 + LEEWAY_SECONDS)
+    with pytest.raises(InvalidToken, match="issued in the future"):
+        codec.verify(token, now=NOW - 3600)
+
+
+def test_a_refused_token_is_not_remembered_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    codec = _hs256()
+    forged = _hs256("f" * 32).mint("mallory", Role.ADMIN, ttl_seconds=60, now=NOW)
+    for _ in range(2):
+        with pytest.raises(InvalidToken, match="signature does not match"):
+            codec.verify(forged, now=NOW)
+    expired = codec.mint("alice", Role.BUYER, ttl_seconds=60, now=NOW - 3600)
+    with pytest.raises(InvalidToken, match="token expired"):
+        codec.verify(expired, now=NOW)
+
+    monkeypatch.setattr(tokens, "VERIFIED_CACHE_SIZE", 2)
+    first, second, third = (
+        codec.mint(name, Role.BUYER, ttl_seconds=60, now=NOW) for name in ("a1", "b2", "c3")
+    )
+    for token in (first, second, third):
+        codec.verify(token, now=NOW)
+    decoded: list[str] = []
+    real_decode = jwt.decode
+
+    def counting(token: str, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(token)
+        return real_decode(token, *args, **kwargs)
+
+    monkeypatch.setattr(jwt, "decode", counting)
+    for token in (third, second, first):
+        codec.verify(token, now=NOW)
+    assert decoded == [first]  # the oldest was let go; the two newest were remembered
 
 
 # --- tokens: what is refused -----------------------------------------------------------------
