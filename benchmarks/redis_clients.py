@@ -5,9 +5,9 @@ One private redis-server, one Python process on uvloop, ``--concurrency`` asynci
 
 * ``redis_py``: ``redis.asyncio`` as the product uses it today: a ``BlockingConnectionPool`` of
   ``--connections`` (64), hiredis parser if installed, one connection per call in flight.
-* ``redis_py_coalesced``: redis-py under :class:`Coalescer`, defined here: the calls made in one
-  event-loop tick go out as one non-transactional pipeline on one of ``--pipelines`` connections,
-  each caller awaiting its own future; a batch size histogram is reported.
+* ``redis_py_coalesced``: redis-py under the product's ``Pipeliner`` (seckill.engine.pipelining):
+  the calls made in one event-loop tick go out in one write on one of ``--pipelines``
+  connections, each caller awaiting its own future; a batch size histogram is reported.
 * ``coredis``: its default client. coredis 6 multiplexes: a connection goes back to the pool as
   soon as the command is queued, and one writer task per connection sends all queued commands in
   one write; so concurrent calls are pipelined without asking.
@@ -15,7 +15,7 @@ One private redis-server, one Python process on uvloop, ``--concurrency`` asynci
   connection), with ``custom_command(["EVALSHA", ...])`` and with its own ``invoke_script``.
 * ``engine`` and ``engine_coalesced``: for context, the product's whole path,
   ``RedisEngine.reserve`` (input checks, ``Scripts.call`` with its metric, reply parsing), first
-  as it runs today, then with :class:`Coalescer` standing in for the client under ``Scripts``.
+  as it runs without a pipeliner, then wired with one as ``open_runtime`` wires it.
 
 Every call is a real reservation: a fresh item per client with units for all, distinct buyers,
 idempotency keys and order ids. After each client the item's ``held`` must equal the calls
@@ -60,6 +60,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import item_keys
+from seckill.engine.pipelining import DEFAULT_CONNECTIONS, Pipeliner
 from seckill.engine.scripts import ScriptName, Scripts, script_text
 from seckill.redis_server import RedisServer
 
@@ -76,7 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=64, help="calls in flight")
     parser.add_argument("--connections", type=int, default=64, help="redis-py pool size")
     parser.add_argument(
-        "--pipelines", type=int, default=1, help="coalesced pipelines in flight (connections)"
+        "--pipelines",
+        type=int,
+        default=DEFAULT_CONNECTIONS,
+        help="the Pipeliner's connections (default: the product's)",
     )
     parser.add_argument("--pipeline", type=int, default=16, help="redis-benchmark -P")
     parser.add_argument(
@@ -98,79 +102,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class Coalescer:
-    """Auto-pipelining over redis-py: EVALSHAs made in one loop tick leave as one pipeline.
-
-    A call queues its command and a future, and the first call of a tick schedules a flush for
-    the end of the tick. A flush sends everything queued as one ``transaction=False`` pipeline,
-    unless ``pipelines`` are already in flight: then the calls wait, and the next pipeline to
-    finish sends them all. Each reply (or error reply) settles its own caller's future; a
-    pipeline that fails as a whole (connection lost) fails every call in it. Anything else is
-    delegated to the client, so this stands in for it under ``Scripts``.
-    """
-
-    def __init__(self, redis: Redis, *, pipelines: int = 1) -> None:
-        self._redis = redis
-        self._pipelines = pipelines
-        self._queue: list[tuple[tuple[Any, ...], asyncio.Future[Any]]] = []
-        self._flush_scheduled = False
-        self._in_flight: set[asyncio.Task[None]] = set()
-        self.batch_sizes: Counter[int] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._redis, name)
-
-    def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> asyncio.Future[Any]:
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append(((sha, numkeys, *keys_and_args), future))
-        self._schedule()
-        return future
-
-    def _schedule(self) -> None:
-        if not self._flush_scheduled and len(self._in_flight) < self._pipelines:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        batch = [(command, future) for command, future in self._queue if not future.done()]
-        self._queue = []
-        if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._in_flight.add(task)
-            task.add_done_callback(self._sent)
-
-    def _sent(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        if self._queue:
-            self._schedule()
-
-    async def _send(self, batch: list[tuple[tuple[Any, ...], asyncio.Future[Any]]]) -> None:
-        self.batch_sizes[len(batch)] += 1
-        try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for command, _ in batch:
-                    pipe.evalsha(*command)
-                replies = await pipe.execute(raise_on_error=False)
-            for (_, future), reply in zip(batch, replies, strict=True):
-                if future.done():  # its caller was cancelled
-                    continue
-                if isinstance(reply, Exception):
-                    future.set_exception(reply)
-                else:
-                    future.set_result(reply)
-        except Exception as exc:  # the whole pipeline failed: so did every call in it
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-        finally:  # only if this task was cancelled (the loop closing) is a call left open
-            for _, future in batch:
-                future.cancel()  # a no-op on a settled future
-
-
-def take_batches(coalescer: Coalescer) -> dict[str, Any]:
+def take_batches(pipeliner: Pipeliner) -> dict[str, Any]:
     """The batch sizes seen since the last look: pipelines sent, mean, median, max, commonest."""
-    sizes, coalescer.batch_sizes = coalescer.batch_sizes, Counter()
+    sizes = pipeliner.batch_sizes.copy()
+    pipeliner.batch_sizes.clear()
     pipelines = sum(sizes.values())
     calls = sum(size * n for size, n in sizes.items())
     ordered = sorted(sizes.elements())
@@ -324,21 +259,20 @@ async def open_redis_py(ctx: Context) -> AsyncIterator[Opened]:
 @contextlib.asynccontextmanager
 async def open_redis_py_coalesced(ctx: Context) -> AsyncIterator[Opened]:
     n = ctx.args.pipelines
-    redis = redis_py_pool(ctx, n)
-    coalescer = Coalescer(redis, pipelines=n)
+    pipeliner = Pipeliner(ctx.server.url, connections=n)
     try:
 
         def evalsha(sha: str, keys: Sequence[str], args: Sequence[str]) -> Awaitable[Any]:
-            return coalescer.evalsha(sha, len(keys), *keys, *args)
+            return pipeliner.execute("EVALSHA", sha, len(keys), *keys, *args)
 
+        # No warm-up call: the untimed warm-up run opens the connections.
         yield Opened(
             functools.partial(raw_call, evalsha, ctx.sha),
             redis_py_info(n),
-            warm_up=lambda: open_connections(redis, n),
-            after=lambda: {"batches": take_batches(coalescer)},
+            after=lambda: {"batches": take_batches(pipeliner)},
         )
     finally:
-        await redis.aclose()
+        await pipeliner.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -396,28 +330,33 @@ async def open_glide(ctx: Context, *, script: bool) -> AsyncIterator[Opened]:
 @contextlib.asynccontextmanager
 async def open_engine(ctx: Context, *, coalesced: bool) -> AsyncIterator[Opened]:
     n = ctx.args.pipelines if coalesced else ctx.args.connections
-    redis = redis_py_pool(ctx, n)
-    coalescer = Coalescer(redis, pipelines=n) if coalesced else None
-    client: Any = coalescer or redis
+    # With a pipeliner, the client's pool serves only what does not go through it, as in
+    # open_runtime (a pool of its own size there; one connection is plenty here).
+    redis = redis_py_pool(ctx, 1 if coalesced else n)
+    pipeliner = Pipeliner(ctx.server.url, connections=n) if coalesced else None
     try:
-        engine = RedisEngine(client, scripts=Scripts(client), idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+        scripts = Scripts(redis, pipeliner=pipeliner)
+        engine = RedisEngine(
+            redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, pipeliner=pipeliner
+        )
 
         def after() -> dict[str, Any]:
-            return {} if coalescer is None else {"batches": take_batches(coalescer)}
+            return {} if pipeliner is None else {"batches": take_batches(pipeliner)}
 
-        yield Opened(
-            functools.partial(engine_call, engine),
-            redis_py_info(n),
-            warm_up=lambda: open_connections(redis, min(n, ctx.args.concurrency)),
-            after=after,
-        )
+        async def warm_up() -> None:
+            if pipeliner is None:  # a pipeliner's connections open in the warm-up run
+                await open_connections(redis, min(n, ctx.args.concurrency))
+
+        yield Opened(functools.partial(engine_call, engine), redis_py_info(n), warm_up, after)
     finally:
+        if pipeliner is not None:
+            await pipeliner.aclose()
         await redis.aclose()
 
 
 CLIENTS = (
     Client("redis_py", "redis-py asyncio, pool (today)", "redis", open_redis_py),
-    Client("redis_py_coalesced", "redis-py + Coalescer", "redis", open_redis_py_coalesced),
+    Client("redis_py_coalesced", "redis-py + Pipeliner", "redis", open_redis_py_coalesced),
     Client("coredis", "coredis (multiplexed)", "coredis", open_coredis),
     Client(
         "glide",
@@ -439,7 +378,7 @@ CLIENTS = (
     ),
     Client(
         "engine_coalesced",
-        "RedisEngine.reserve + Coalescer",
+        "RedisEngine.reserve + Pipeliner",
         "redis",
         lambda ctx: open_engine(ctx, coalesced=True),
     ),

@@ -12,6 +12,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from seckill.config import Settings
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import Clock, RateLimit, RedisEngine
+from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import Durability, Scripts
 from seckill.engine.worker_ids import leased_order_ids
 from seckill.redis_server import RedisServer
@@ -51,12 +52,15 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         )
         redis = Redis.from_pool(pool)  # the client owns the pool and closes it
         stack.push_async_callback(redis.aclose)
+        # The purchase path's calls, batched on connections of their own (see pipelining).
+        pipeliner = Pipeliner(url)
+        stack.push_async_callback(pipeliner.aclose)
         durability = (
             Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
             if settings.redis_durability == "replicas"
             else None
         )
-        scripts = Scripts(redis, durability=durability)
+        scripts = Scripts(redis, durability=durability, pipeliner=pipeliner)
         await scripts.load()
         if settings.worker_id is not None:
             order_ids = OrderIds(settings.worker_id)
@@ -82,6 +86,7 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             rate_limit=RateLimit(
                 settings.rate_limit_requests, settings.rate_limit_window_seconds * 1000
             ),
+            pipeliner=pipeliner,
         )
         yield Runtime(
             settings=settings,

@@ -25,6 +25,7 @@ from seckill.domain.holds import (
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import Outcome
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
+from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import ScriptName, Scripts
 
 Clock = Callable[[], int]
@@ -99,6 +100,8 @@ class RedisEngine:
     unset so every decision uses the one clock all processes share: Redis's own.
     ``rate_limit``: purchase attempts per buyer and item (None: unlimited); the rate windows
     follow the same clock.
+    ``pipeliner``: batches the one read on the purchase path (``recorded``) with other calls;
+    give it the one ``scripts`` uses.
     """
 
     def __init__(
@@ -110,9 +113,11 @@ class RedisEngine:
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         rate_limit: RateLimit | None = None,
+        pipeliner: Pipeliner | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
+        self._pipeliner = pipeliner
         self._idempotency_ttl = str(idempotency_ttl_ms)
         self._prefix = prefix
         self._clock = clock
@@ -217,7 +222,11 @@ class RedisEngine:
         rules.check_buyer(buyer)
         rules.check_quantity(quantity)
         rules.check_idempotency_key(idempotency_key)
-        raw = await self._redis.get(self.keys(item_id).idempotency(buyer, idempotency_key))
+        key = self.keys(item_id).idempotency(buyer, idempotency_key)
+        if self._pipeliner is None:
+            raw = await self._redis.get(key)
+        else:  # it runs on every request for a sold-out item: batched like the scripts
+            raw = await self._pipeliner.execute("GET", key)
         if raw is None:
             return None
         first = json.loads(raw)
