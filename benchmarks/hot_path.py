@@ -6,17 +6,20 @@ the body ``{"quantity":1}``) from C keep-alive connections (default 64) for D se
 10), after a warm-up of a couple of seconds:
 
 * ``hello``: a FastAPI app with one route on that path that answers a small JSON body and reads
-  nothing, served exactly as the product is (uvicorn's defaults, hence httptools, under
-  ``uvloop.run``, on a socket from ``seckill.serve.listening_socket``: IPPROTO_TCP, so Nagle is
-  off; with ``--workers N``, N processes on that one socket, as ``seckill api --workers N``).
-  This is the framework's floor: ``ratio`` divides by it. ``hello raw`` is the
-  same with a bare ASGI callable instead of FastAPI: the floor of uvicorn alone, for reference.
-* ``purchase``: the product, ``seckill api`` (the API alone) with a separate ``seckill worker
-  persister`` landing the stream in SQL, over its own redis-server on a free port (AOF on,
-  ``appendfsync everysec``: the product's default) and SQLite in a temporary directory (or
-  ``--database-url``). One item of 10,000,000 units, one per buyer; every request is a new buyer
-  with its own token, ticket and key, all prepared before the clock starts, so each one runs the
-  reserve script and sells a unit.
+  nothing, served exactly as the product is by ``seckill api --server S`` (``--server``, the
+  product's default unless given): with uvicorn, its defaults (hence httptools) under
+  ``uvloop.run``, on a socket from ``seckill.serve.listening_socket`` (IPPROTO_TCP, so Nagle is
+  off), and with ``--workers N`` N processes on that one socket; with granian,
+  ``seckill.serve.granian_server``: a supervisor and N worker processes (one with ``--workers
+  1``), each on its own SO_REUSEPORT listener and a uvloop loop. This is the framework's floor:
+  ``ratio`` divides by it. ``hello raw`` is the same with a bare ASGI callable instead of
+  FastAPI: the floor of the server alone, for reference.
+* ``purchase``: the product, ``seckill api --server S`` (the API alone) with a separate
+  ``seckill worker persister`` landing the stream in SQL, over its own redis-server on a free
+  port (AOF on, ``appendfsync everysec``: the product's default) and SQLite in a temporary
+  directory (or ``--database-url``). One item of 10,000,000 units, one per buyer; every request
+  is a new buyer with its own token, ticket and key, all prepared before the clock starts, so
+  each one runs the reserve script and sells a unit.
 * ``soldout``: the same route on a second item of a few units, bought out first; every request
   again a new buyer, each answered 409 ``sold_out`` (mostly from the process's sold-out flag).
 
@@ -40,7 +43,8 @@ Every request is a new buyer, so the API never rate-limits or sheds honest traff
 per-buyer rate limit (5 per second) and the admission limit (512 in flight, against at most
 ``--connections``) are left at their defaults; only the ticket lifetime is raised (tickets are
 fetched before the clock). ``--workers N`` runs every server (hello, hello raw, the API) as N
-processes on one socket; the CPU figures add up each server's processes.
+processes on one port; the CPU figures add up each server's processes (granian's supervisor
+included, which idles).
 
 The audit, after the purchase runs: once the stream has landed (admin counters: backlog 0, Redis
 and SQL agree), the admin audit route must pass, and the units held or sold in Redis must equal
@@ -112,6 +116,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workers", type=int, default=1, help="server processes, for hello and the API alike"
     )
+    parser.add_argument(
+        "--server",
+        choices=("granian", "uvicorn"),
+        default=Settings.model_fields["api_server"].default,
+        help="what serves hello, hello raw and the API alike (default: seckill api's)",
+    )
     parser.add_argument("--generator", choices=("auto", "wrk", "builtin"), default="auto")
     parser.add_argument(
         "--database-url",
@@ -175,16 +185,22 @@ async def hello_raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": HELLO_BODY})
 
 
-def serve_hello(kind: str, port: int, workers: int) -> None:
-    """Serve a hello app until SIGTERM, set up as ``seckill.serve`` sets up the API: in this
-    process, or in ``workers`` processes on one socket as ``seckill api --workers`` does."""
+def serve_hello(kind: str, port: int, workers: int, server: str) -> None:
+    """Serve a hello app until SIGTERM, set up as ``seckill.serve`` sets up the API: under
+    granian as ``seckill api --server granian`` runs it; under uvicorn in this process, or in
+    ``workers`` processes on one socket as ``seckill api --workers`` does."""
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from seckill.serve import listening_socket
+    from seckill.serve import granian_server, listening_socket
 
-    sock = listening_socket("127.0.0.1", port)
     app = "hot_path:hello_fastapi" if kind == "fastapi" else "hot_path:hello_raw"
+    if server == "granian":
+        granian_server(
+            app, factory=kind == "fastapi", host="127.0.0.1", port=port, processes=workers
+        ).serve()
+        return
+    sock = listening_socket("127.0.0.1", port)
     options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"}
     if workers > 1:
         config = uvicorn.Config(
@@ -481,11 +497,11 @@ async def wait_answering(url: str, process: subprocess.Popen[bytes], log: Path) 
 
 @contextlib.contextmanager
 def hello_server(
-    kind: str, workdir: Path, workers: int
+    kind: str, workdir: Path, args: argparse.Namespace
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port, log = free_port(), workdir / f"hello-{kind}.log"
     argv = [sys.executable, __file__, "--serve-hello", kind, "--port", str(port)]
-    argv += ["--workers", str(workers)]
+    argv += ["--workers", str(args.workers), "--server", args.server]
     with running(argv, env=child_env({}), cwd=workdir, log=log) as process:
         url = f"http://127.0.0.1:{port}"
         uvloop.run(wait_answering(url + "/", process, log))
@@ -621,7 +637,7 @@ def measure(
     # Request shapes for the hello runs: they never reach the product, so may be sent again.
     sample = uvloop.run(product.buyers(product.big_item, SAMPLE_BUYERS, "sample"))
     for kind, name in (("fastapi", "hello"), ("raw", "hello raw")):
-        with hello_server(kind, workdir, args.workers) as (hello_url, process):
+        with hello_server(kind, workdir, args) as (hello_url, process):
             if args.warm_up:
                 generate(hello_url, product.big_item, sample, args.warm_up, args)
             loads[name] = timed(
@@ -661,11 +677,12 @@ def measure(
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     if args.serve_hello:
-        serve_hello(args.serve_hello, args.port, args.workers)
+        serve_hello(args.serve_hello, args.port, args.workers, args.server)
         return
-    print(f"generator {args.generator}, {args.connections} connections, {args.workers} "
-          f"worker process, {args.duration:g} s timed after {args.warm_up:g} s of warm-up, "
-          f"{os.cpu_count()} CPUs shared by generator and servers", flush=True)  # fmt: skip
+    print(f"{args.server}, generator {args.generator}, {args.connections} connections, "
+          f"{args.workers} worker process, {args.duration:g} s timed after {args.warm_up:g} s "
+          f"of warm-up, {os.cpu_count()} CPUs shared by generator and servers",
+          flush=True)  # fmt: skip
     loads: dict[str, Load] = {}
     with tempfile.TemporaryDirectory(prefix="seckill-http-") as tmp:
         workdir = Path(tmp)
@@ -683,7 +700,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                          f"{upgraded.stderr.decode()}")  # fmt: skip
             port = free_port()
             api_argv = [seckill, "api", "--host", "127.0.0.1", "--port", str(port)]
-            api_argv += ["--workers", str(args.workers)]
+            api_argv += ["--workers", str(args.workers), "--server", args.server]
             with (
                 running(api_argv, env=env, cwd=workdir, log=workdir / "api.log") as api,
                 running(
@@ -725,6 +742,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "soldout_p99_ms": round(loads["soldout"].p99_ms, 2),
         "ratio": ratio("purchase"),
         "soldout_ratio": ratio("soldout"),
+        "server": args.server,
         "generator": args.generator,
         "workers": args.workers,
         "connections": args.connections,

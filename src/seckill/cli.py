@@ -10,6 +10,7 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -127,6 +128,20 @@ def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
     _run(api=True, workers=["persister", "reaper", "reconciler"], host=host, port=port)
 
 
+class ApiServer(StrEnum):
+    GRANIAN = "granian"
+    UVICORN = "uvicorn"
+
+
+_SERVER = typer.Option(
+    None,
+    "--server",
+    help="What serves the API (default SECKILL_API_SERVER, granian: more req/s than uvicorn in "
+    "benchmarks/hot_path.py, e.g. its bare ASGI hello 24-26k to 16.5-18.7k in 1 process, 44k "
+    "to 24k in 2; figures in the README).",
+)
+
+
 @app.command()
 def api(
     host: str | None = _HOST,
@@ -134,19 +149,23 @@ def api(
     processes: int = typer.Option(
         1, "--workers", min=1, help="API processes sharing the port (more than 1: a shared Redis)."
     ),
+    server: ApiServer | None = _SERVER,
 ) -> None:
     """Run the API alone (workers run apart: `seckill worker ...`) until SIGTERM."""
-    if processes == 1:
+    from seckill.config import Settings
+
+    chosen = ApiServer(server or Settings().api_server)
+    if chosen is ApiServer.UVICORN and processes == 1:
         _run(api=True, workers=[], host=host, port=port)
         return
     _metrics_dir(processes=processes)  # before the imports below
-    from seckill.config import Settings
-    from seckill.serve import run_api_processes
+    from seckill.serve import run_api_granian, run_api_processes
 
     _logging()
     updates = {k: v for k, v in (("api_host", host), ("api_port", port)) if v is not None}
+    run = run_api_granian if chosen is ApiServer.GRANIAN else run_api_processes
     try:
-        run_api_processes(Settings().model_copy(update=updates), processes)
+        run(Settings().model_copy(update=updates), processes)
     except (OSError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from None

@@ -59,6 +59,11 @@ class Settings(BaseSettings):
 
     api_host: str = Field("127.0.0.1", description="Where `seckill serve` / `seckill api` listen.")
     api_port: int = Field(8000, ge=0, le=65535)
+    api_server: Literal["granian", "uvicorn"] = Field(
+        "granian",
+        description="What serves `seckill api` (the README's 'The HTTP API' has the figures "
+        "that made granian the default); `seckill serve` is always uvicorn, in its own loop.",
+    )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
     metrics_dir: Path | None = Field(
         None,

@@ -1,5 +1,6 @@
 """`seckill api --workers N`: several processes on one port, one Redis; ids never collide,
-metrics add up across them, and SIGTERM stops every one."""
+metrics add up across them, and SIGTERM stops every one. Under either server; granian, whose
+supervisor forks even one worker, with one process too."""
 
 from __future__ import annotations
 
@@ -21,16 +22,15 @@ from redis.asyncio import Redis
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials
 from seckill.redis_server import RedisServer
-from tests.e2e.test_serve import free_port
 
 pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
 
 BUYERS = 40
 
 
-async def sell(url: str, data_dir: Path) -> tuple[set[str], set[int], str]:
-    """Sell BUYERS units, each over a new connection; the order ids, the API pids seen, and
-    the metrics text of one process."""
+async def sell(url: str, data_dir: Path, processes: int) -> tuple[set[str], set[int], str]:
+    """Sell BUYERS units, each over a new connection; the order ids, the API pids seen (until
+    ``processes`` of them answered), and the metrics text of one process."""
     credentials = Credentials.from_settings(Settings(data_dir=data_dir))
     async with aiohttp.ClientSession() as http:
         admin = ApiClient(http, url, credentials)
@@ -56,9 +56,9 @@ async def sell(url: str, data_dir: Path) -> tuple[set[str], set[int], str]:
 
     answers = await asyncio.gather(*(buy(n) for n in range(BUYERS)))
     pids = {pid for _, pid in answers}
-    # A process still starting takes no connection yet: ask (new connections) until both did.
+    # A process still starting takes no connection yet: ask (new connections) until all did.
     deadline = time.monotonic() + 60
-    while len(pids) < 2 and time.monotonic() < deadline:
+    while len(pids) < processes and time.monotonic() < deadline:
         connector = aiohttp.TCPConnector(force_close=True)
         async with aiohttp.ClientSession(connector=connector) as http:
             seen = await ApiClient(http, url, credentials).request(
@@ -80,28 +80,38 @@ def answering(url: str) -> bool:
     return True
 
 
+def api_url(log_path: Path, processes: int) -> str | None:
+    """The address from the "API on http://..." line, once it is printed."""
+    line = rf"API on (http://\S+) \(OpenAPI at /docs\), {processes} processes"
+    found = re.search(line, log_path.read_text())
+    return found.group(1) if found else None
+
+
+@pytest.mark.parametrize(("server", "processes"), [("uvicorn", 2), ("granian", 2), ("granian", 1)])
 def test_api_processes_share_one_port(
-    redis_server: RedisServer, redis: Redis, tmp_path: Path
+    redis_server: RedisServer, redis: Redis, tmp_path: Path, server: str, processes: int
 ) -> None:
-    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
     env |= {"SECKILL_REDIS_URL": redis_server.url, "SECKILL_DATA_DIR": str(tmp_path)}
     log_path = tmp_path / "api.log"
+    argv = ["api", "--server", server, "--workers", str(processes), "--port", "0"]
     with log_path.open("wb") as log:
         api = subprocess.Popen(
-            [sys.executable, "-m", "seckill.cli", "api", "--workers", "2", "--port", str(port)],
-            env=env, stdout=log, stderr=log,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+            [sys.executable, "-m", "seckill.cli", *argv], env=env, stdout=log, stderr=log
+        )
+    pids: set[int] = set()
     try:
         deadline = time.monotonic() + 60
-        while not answering(f"{url}/healthz"):
+        # Port 0: the line must give the port the kernel picked, where the API then answers.
+        while (url := api_url(log_path, processes)) is None or not answering(f"{url}/healthz"):
             assert api.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
-        orders, pids, metrics = asyncio.run(sell(url, tmp_path))
+        assert not url.endswith(":0"), url
+        orders, pids, metrics = asyncio.run(sell(url, tmp_path, processes))
 
-        assert len(orders) == BUYERS  # two processes, two leased worker ids: no id twice
-        assert len(pids) == 2, pids  # both processes answered
+        assert len(orders) == BUYERS  # a leased worker id per process: no id twice
+        assert len(pids) == processes, pids  # every process answered
+        assert api.pid not in pids  # granian's and uvicorn's supervisors serve nothing
         reserved = re.search(
             r'seckill_http_requests_total\{outcome="reserved",route="[^"]+/orders"\} (\S+)',
             metrics,
