@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
+import random
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Literal
@@ -23,7 +23,9 @@ _STANDARD = set(vars(logging.makeLogRecord({})))
 
 
 def new_request_id() -> str:
-    return secrets.token_hex(8)
+    # 16 hex characters. Not a secret, only unique enough to find a request's lines: the fast
+    # generator (secrets' reads the OS's entropy on every call, 7% of a purchase).
+    return f"{random.getrandbits(64):016x}"
 
 
 class RequestIdFilter(logging.Filter):

@@ -128,7 +128,7 @@ class TicketCodec:
         # surrogatepass: header text is Latin-1 decoded by the server, but a caller of read()
         # may pass any str, lone surrogates included; encoding must not raise.
         data = payload.encode("utf-8", "surrogatepass")
-        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+        return hmac.digest(self._key, data, hashlib.sha256).hex()  # the one-shot C path
 
 
 def ticket_secret(settings: Settings) -> bytes:
