@@ -24,22 +24,22 @@ test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/engine.py
+	$(BIN)/python -m benchmarks.engine
 
 bench-drain: $(STAMP)  # needs a MariaDB: SECKILL_TEST_MARIADB_URL, default root@127.0.0.1:3306
-	$(BIN)/python benchmarks/drain.py
+	$(BIN)/python -m benchmarks.drain
 
 bench-durability: $(STAMP)  # starts its own primaries and a replica on free ports
-	$(BIN)/python benchmarks/durability.py
+	$(BIN)/python -m benchmarks.durability
 
 bench-compare: $(STAMP)  # needs a MariaDB: SECKILL_TEST_MARIADB_URL, default root@127.0.0.1:3306
-	$(BIN)/python benchmarks/compare.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.compare $(BENCH_ARGS)
 
 bench-http: $(STAMP)  # starts its own redis-server and servers on free ports; uses wrk if installed
-	$(BIN)/python benchmarks/hot_path.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.http $(BENCH_ARGS)
 
 bench-clients: $(STAMP)  # skips a client that is not installed (coredis, valkey-glide)
-	$(BIN)/python benchmarks/redis_clients.py $(BENCH_ARGS)
+	$(BIN)/python -m benchmarks.redis_clients $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache

@@ -73,12 +73,12 @@ from typing import Any
 
 import aiohttp
 import uvloop
-from _support import free_port, redis_binary
-from baselines import Strategy, add_item, create_schema
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from benchmarks._support import free_port, redis_binary
+from benchmarks.baselines import Strategy, add_item, create_schema
 from seckill.config import Settings
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
@@ -87,7 +87,7 @@ from seckill.store.database import create_database, drop_database
 
 DEFAULT_URL = "mysql+asyncmy://root@127.0.0.1:3306/test"
 STRATEGIES = ("rowlock", "conditional", "seckill")
-BENCHMARKS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parent.parent  # the project: ``benchmarks`` is a package in it
 # Fixed secrets: the servers and this client must agree, and nothing here is worth protecting.
 JWT_SECRET = "seckill-compare-jwt-secret-" + "j" * 32
 PAYMENT_SECRET = "seckill-compare-payment-secret-" + "p" * 32
@@ -202,6 +202,8 @@ def child_env(settings: Mapping[str, object]) -> dict[str, str]:
     exactly what the benchmark sets (and, run from a temporary directory, no ``.env``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
     env.update({f"SECKILL_{k.upper()}": str(v) for k, v in settings.items()})
+    # The benchmarks' own modules (``python -m benchmarks.baselines``) from any directory.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
 
@@ -498,7 +500,7 @@ def run_baseline(
         uvloop.run(add_item(url, item_id=WARM_ITEM, total=len(warmers), per_buyer_limit=1))
         port, log = free_port(), workdir / f"{strategy.value}.log"
         argv = [
-            sys.executable, str(BENCHMARKS / "baselines.py"), "--strategy", strategy.value,
+            sys.executable, "-m", "benchmarks.baselines", "--strategy", strategy.value,
             "--database-url", url, "--port", str(port),
             "--pool-size", str(min(args.concurrency, 64)),
         ]  # fmt: skip

@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from _support import run_on_private_redis
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import Column, Index, MetaData, Table, insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from benchmarks._support import run_on_private_redis
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _support import free_port, redis_binary
-from engine import load, warm_up
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from benchmarks._support import free_port, redis_binary
+from benchmarks.engine import load, warm_up
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine

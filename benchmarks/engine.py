@@ -29,9 +29,9 @@ import time
 from collections import Counter
 from typing import Any
 
-from _support import run_on_private_redis
 from redis.asyncio import BlockingConnectionPool, Redis
 
+from benchmarks._support import run_on_private_redis
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import SaleItem, Stock

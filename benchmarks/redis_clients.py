@@ -51,11 +51,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from _support import free_port, redis_binary
-from engine import IDEMPOTENCY_TTL_MS, benchmark_command, load, run_redis_benchmark
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.utils import HIREDIS_AVAILABLE
 
+from benchmarks._support import free_port, redis_binary
+from benchmarks.engine import IDEMPOTENCY_TTL_MS, benchmark_command, load, run_redis_benchmark
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
