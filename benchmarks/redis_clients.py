@@ -336,9 +336,7 @@ async def open_engine(ctx: Context, *, coalesced: bool) -> AsyncIterator[Opened]
     pipeliner = Pipeliner(ctx.server.url, connections=n) if coalesced else None
     try:
         scripts = Scripts(redis, pipeliner=pipeliner)
-        engine = RedisEngine(
-            redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, pipeliner=pipeliner
-        )
+        engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
 
         def after() -> dict[str, Any]:
             return {} if pipeliner is None else {"batches": take_batches(pipeliner)}

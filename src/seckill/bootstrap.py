@@ -86,7 +86,6 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             rate_limit=RateLimit(
                 settings.rate_limit_requests, settings.rate_limit_window_seconds * 1000
             ),
-            pipeliner=pipeliner,
         )
         yield Runtime(
             settings=settings,

@@ -32,7 +32,7 @@ async def pipelined(redis: Redis, pipeliner: Pipeliner) -> RedisEngine:
     """An engine wired as bootstrap wires it."""
     scripts = Scripts(redis, pipeliner=pipeliner)
     await scripts.load()
-    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, pipeliner=pipeliner)
+    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
 
 
 def batches(pipeliner: Pipeliner) -> int:

@@ -25,7 +25,6 @@ from seckill.domain.holds import (
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import Outcome
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
-from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import ScriptName, Scripts
 
 Clock = Callable[[], int]
@@ -100,8 +99,8 @@ class RedisEngine:
     unset so every decision uses the one clock all processes share: Redis's own.
     ``rate_limit``: purchase attempts per buyer and item (None: unlimited); the rate windows
     follow the same clock.
-    ``pipeliner``: batches the one read on the purchase path (``recorded``) with other calls;
-    give it the one ``scripts`` uses.
+    With a pipeliner in ``scripts``, the one read on the purchase path (``recorded``) is batched
+    with the scripts' calls.
     """
 
     def __init__(
@@ -113,11 +112,9 @@ class RedisEngine:
         prefix: str = DEFAULT_PREFIX,
         clock: Clock | None = None,
         rate_limit: RateLimit | None = None,
-        pipeliner: Pipeliner | None = None,
     ) -> None:
         self._redis = redis
         self._scripts = scripts
-        self._pipeliner = pipeliner
         self._idempotency_ttl = str(idempotency_ttl_ms)
         self._prefix = prefix
         self._clock = clock
@@ -223,10 +220,11 @@ class RedisEngine:
         rules.check_quantity(quantity)
         rules.check_idempotency_key(idempotency_key)
         key = self.keys(item_id).idempotency(buyer, idempotency_key)
-        if self._pipeliner is None:
+        pipeliner = self._scripts.pipeliner
+        if pipeliner is None:
             raw = await self._redis.get(key)
         else:  # it runs on every request for a sold-out item: batched like the scripts
-            raw = await self._pipeliner.execute("GET", key)
+            raw = await pipeliner.execute("GET", key)
         if raw is None:
             return None
         first = json.loads(raw)

@@ -169,6 +169,10 @@ class Scripts:
     def durability(self) -> Durability | None:
         return self._durability
 
+    @property
+    def pipeliner(self) -> Pipeliner | None:
+        return self._pipeliner
+
     async def call(self, name: ScriptName, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         """Run one script; its error reply of ours raises InvalidRequest, a write that too few
         replicas acknowledged raises NotDurable."""
