@@ -136,9 +136,8 @@ class ApiServer(StrEnum):
 _SERVER = typer.Option(
     None,
     "--server",
-    help="What serves the API (default SECKILL_API_SERVER, granian: more req/s than uvicorn in "
-    "benchmarks/hot_path.py, e.g. its bare ASGI hello 24-26k to 16.5-18.7k in 1 process, 44k "
-    "to 24k in 2; figures in the README).",
+    help="What serves the API (default SECKILL_API_SERVER, granian: the faster floor in "
+    "benchmarks/http.py; figures in the README's Benchmarks).",
 )
 
 

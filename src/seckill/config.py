@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=0, le=65535)
     api_server: Literal["granian", "uvicorn"] = Field(
         "granian",
-        description="What serves `seckill api` (the README's 'The HTTP API' has the figures "
+        description="What serves `seckill api` (the README's 'Benchmarks' has the figures "
         "that made granian the default); `seckill serve` is always uvicorn, in its own loop.",
     )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
