@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-drain bench-durability bench-compare bench-http bench-clients clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 
-test: lint
+# The suite's system packages (Redis 7, Chromium): installed as root, else the command to run.
+system-deps:
+	scripts/system-deps
+
+test: system-deps lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""The browser the page tests use: Debian's Chromium (`apt-get install chromium`), never a
+"""The browser the page tests use: Debian's Chromium (`scripts/system-deps` installs it), never a
 downloaded one. A missing browser fails the test that needs it; CI installs it."""
 
 from __future__ import annotations
@@ -23,5 +23,5 @@ CHROMIUM_ARGS = [
 def chromium_path() -> str:
     # Called from the test, so a missing browser fails it (a fixture would only error it).
     if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: install it with `apt-get install chromium`")
+        pytest.fail(f"{CHROMIUM} is missing: `scripts/system-deps` installs it")
     return str(CHROMIUM)

@@ -6,7 +6,7 @@ landed right on a deadline) over one or two small items and a few buyers, idempo
 payment ids, so replays, key and payment id reuse, limits, sell-outs, pay-versus-timeout races
 and late payments (refunds) happen often. The model predicts every answer
 exactly; after every step the engine's state must equal the model's and every check of
-``seckill.engine.audit`` (the one home of DESIGN.md's invariants) must pass.
+``seckill.engine.audit`` (the one home of the README's invariants) must pass.
 
 The engine is async and the state machine is sync: each run owns one event loop (never installed
 as the thread's current loop, so the session loop of pytest-asyncio is left alone) and every
