@@ -32,6 +32,9 @@ class NoFreeWorkerId(RuntimeError):
 
 
 class WorkerIdLease:
+    """One of the 1,024 worker ids, leased: ``acquire()`` takes a free one, ``renew()`` keeps it
+    and extends its generator's validity, ``drop()`` frees it."""
+
     def __init__(self, redis: Redis, *, scripts: Scripts, prefix: str, ttl_ms: int) -> None:
         self._redis = redis
         self._scripts = scripts
