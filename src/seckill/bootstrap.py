@@ -60,6 +60,8 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             if settings.redis_durability == "replicas"
             else None
         )
+        # The one Scripts: the engine, the worker-id lease and everything built on the engine
+        # (the item cache, the upkeep lock) call through it.
         scripts = Scripts(redis, durability=durability, pipeliner=pipeliner)
         await scripts.load()
         if settings.worker_id is not None:

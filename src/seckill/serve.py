@@ -71,6 +71,7 @@ def build_worker(
                 grace_ms=int(settings.reconcile_grace_seconds * 1000),
             ),
             redis=runtime.redis,
+            scripts=runtime.engine.scripts,
             prefix=prefix,
             interval_s=settings.reconcile_interval_seconds,
             repair=settings.reconcile_repair,

@@ -221,6 +221,7 @@ async def test_only_the_lock_holder_reconciles(sale: Sale) -> None:
         ReconcilerWorker(
             reconciler=reconciler(sale),
             redis=sale.redis,
+            scripts=sale.engine.scripts,
             prefix=sale.engine.prefix,
             interval_s=5,
             repair=False,

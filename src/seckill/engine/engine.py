@@ -129,6 +129,11 @@ class RedisEngine:
         return self._redis
 
     @property
+    def scripts(self) -> Scripts:
+        """The scripts this engine calls (bootstrap's: the pipeliner and the durability set)."""
+        return self._scripts
+
+    @property
     def prefix(self) -> str:
         return self._prefix
 

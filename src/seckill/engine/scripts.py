@@ -54,8 +54,9 @@ ITEM_SCRIPTS = frozenset(
 
 
 # The writes whose answers reach buyers, admins and the payment provider: with a Durability they
-# wait for replicas. The lease scripts only guard order-id worker ids (a lost renewal is renewed
-# again); the repair scripts are an operator's, re-run until the reconciler finds no drift.
+# wait for replicas. The lease scripts (see leases) do not: a lost renewal is renewed again, a
+# lost drop lapses; the repair scripts are an operator's, re-run until the reconciler finds no
+# drift.
 WAITED_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
      ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE}

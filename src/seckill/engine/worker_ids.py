@@ -1,7 +1,7 @@
 """Leasing an order-id worker id from Redis, so no two live processes share one.
 
 A process claims the first free ``seckill:worker-id:<n>`` (n in 0..1023, scanning from a random
-start) with ``SET NX PX``, holding a random owner token, and renews it every third of the lease.
+start) as a ``Lease`` (see leases), and renews it every third of the lease.
 Its id generator is valid only until the lease it last renewed would lapse, minus a margin: a
 process that cannot renew in time (paused, partitioned) stops issuing ids rather than risk
 sharing a worker id with the process that claims it next. A process that sets
@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import secrets
 import time
 from collections.abc import AsyncIterator
 
@@ -22,7 +21,8 @@ from redis.asyncio import Redis
 
 from seckill.domain.ids import MAX_WORKER_ID, OrderIds
 from seckill.engine.keys import worker_id_key
-from seckill.engine.scripts import ScriptName, Scripts
+from seckill.engine.leases import Lease
+from seckill.engine.scripts import Scripts
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +32,15 @@ class NoFreeWorkerId(RuntimeError):
 
 
 class WorkerIdLease:
+    """One of the 1,024 worker ids, leased: ``acquire()`` takes a free one, ``renew()`` keeps it
+    and extends its generator's validity, ``drop()`` frees it."""
+
     def __init__(self, redis: Redis, *, scripts: Scripts, prefix: str, ttl_ms: int) -> None:
         self._redis = redis
         self._scripts = scripts
         self._prefix = prefix
         self._ttl_ms = ttl_ms
-        self._token = secrets.token_hex(16)
+        self._lease: Lease | None = None
         self.worker_id: int | None = None
 
     def _valid_until(self, renewed_at: float) -> float:
@@ -49,29 +52,30 @@ class WorkerIdLease:
         start = random.randrange(MAX_WORKER_ID + 1)
         for step in range(MAX_WORKER_ID + 1):
             candidate = (start + step) % (MAX_WORKER_ID + 1)
+            lease = Lease(
+                self._redis,
+                scripts=self._scripts,
+                key=worker_id_key(candidate, self._prefix),
+                ttl_ms=self._ttl_ms,
+            )
             sent_at = time.monotonic()
-            key = worker_id_key(candidate, self._prefix)
-            if await self._redis.set(key, self._token, nx=True, px=self._ttl_ms):
-                self.worker_id = candidate
+            if await lease.acquire():
+                self._lease, self.worker_id = lease, candidate
                 return OrderIds(candidate, valid_until=self._valid_until(sent_at))
         raise NoFreeWorkerId("all 1024 order-id worker ids are leased by live processes")
 
     async def renew(self, ids: OrderIds) -> bool:
-        assert self.worker_id is not None
+        assert self._lease is not None
         sent_at = time.monotonic()
-        key = worker_id_key(self.worker_id, self._prefix)
-        renewed = await self._scripts.call(
-            ScriptName.RENEW_LEASE, (key,), (self._token, self._ttl_ms)
-        )
+        renewed = await self._lease.renew()
         if renewed:
             ids.extend(self._valid_until(sent_at))
-        return bool(renewed)
+        return renewed
 
     async def drop(self) -> None:
-        if self.worker_id is not None:
-            key = worker_id_key(self.worker_id, self._prefix)
-            await self._scripts.call(ScriptName.DROP_LEASE, (key,), (self._token,))
-            self.worker_id = None
+        if self._lease is not None:
+            await self._lease.drop()
+            self._lease, self.worker_id = None, None
 
     async def keep(self, ids: OrderIds) -> None:
         """Renew until cancelled. A failed renewal is retried; the generator lapses meanwhile."""

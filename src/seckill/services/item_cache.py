@@ -9,12 +9,12 @@ Three layers, each in front of the next:
    A card that would expire while its item is on sale — from ``sale_lead_seconds`` before the
    start until the end — lives until the sale has ended instead.
 3. **SQL** (the record), read by one loader per item across every process: on a miss a process
-   takes the card's lock (``SET NX PX`` with an owner token; released by compare-and-delete,
-   drop_lease.lua), checks the card again, loads, writes the card, releases. Readers in the same
-   process await the same load; other processes serve the stale card if there is one, or poll for
-   the new one for up to ``wait_seconds``, and then load from SQL themselves without writing the
-   card (only the lock's owner writes, so a slow reader cannot overwrite a newer card). A lock
-   whose owner died lapses after ``lock_ms``.
+   takes the card's lock (a ``Lease``, see ``seckill.engine.leases``; dropped, never renewed),
+   checks the card again, loads, writes the card, releases. Readers in the same process await
+   the same load; other processes serve the stale card if there is one, or poll for the new one
+   for up to ``wait_seconds``, and then load from SQL themselves without writing the card (only
+   the lock's owner writes, so a slow reader cannot overwrite a newer card). A lock whose owner
+   died lapses after ``lock_ms``.
 
 An id SQL does not know is cached as absent: in Redis for ``item_absent_seconds``, in memory for
 the shorter of that and the local TTL. Errors are never cached: the next reader tries again.
@@ -29,7 +29,6 @@ import asyncio
 import json
 import logging
 import random
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -43,7 +42,7 @@ from redis.exceptions import RedisError
 from seckill.config import Settings
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
-from seckill.engine.scripts import ScriptName, Scripts
+from seckill.engine.leases import Lease
 from seckill.observability import metrics
 from seckill.store.ledger import ItemRecord
 from seckill.store.tables import datetime_to_ms
@@ -184,7 +183,6 @@ class ItemCache:
     ) -> None:
         self._engine = engine
         self._redis: Redis = engine.redis
-        self._scripts = Scripts(engine.redis)
         self._source = source
         self._prefix = prefix
         self._local_s = local_seconds
@@ -269,8 +267,7 @@ class ItemCache:
         card = await self._read_card(item_id)
         if card is not None and card.fresh:
             return self._hit(item_id, card)
-        lock = item_card_lock_key(item_id, self._prefix)
-        token = secrets.token_hex(16)
+        lock = self._card_lock(item_id)
         give_up_at: float | None = None
         if card is not None and self._sql_turns.locked():  # stale, and SQL is busy: no queueing
             self.stats.stale_hits += 1
@@ -280,11 +277,11 @@ class ItemCache:
             # The lock is taken with an SQL turn in hand, so it is held for the query, not for
             # the queue in front of it: waiters elsewhere then wait for milliseconds.
             async with self._sql_turns:
-                if await self._redis.set(lock, token, nx=True, px=self._lock_ms):
+                if await lock.acquire():
                     try:
                         return await self._load_locked(item_id)
                     finally:
-                        await self._unlock(lock, token)
+                        await self._unlock(lock)
             if card is not None:  # stale: good enough while its owner reloads it
                 self.stats.stale_hits += 1
                 _REDIS_HIT.inc()
@@ -363,11 +360,20 @@ class ItemCache:
             key, encode_card(record, grace_ms=self._grace_ms), px=lifetime + self._grace_ms
         )
 
-    async def _unlock(self, lock: str, token: str) -> None:
+    def _card_lock(self, item_id: int) -> Lease:
+        """The one loader of an item's card across processes (the card's writer)."""
+        return Lease(
+            self._redis,
+            scripts=self._engine.scripts,
+            key=item_card_lock_key(item_id, self._prefix),
+            ttl_ms=self._lock_ms,
+        )
+
+    async def _unlock(self, lock: Lease) -> None:
         try:
-            await self._scripts.call(ScriptName.DROP_LEASE, (lock,), (token,))
+            await lock.drop()
         except RedisError as exc:  # it lapses by itself after lock_ms
-            log.warning("could not release %s: %s", lock, exc)
+            log.warning("could not release %s: %s", lock.key, exc)
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -375,12 +381,11 @@ class ItemCache:
         """Read the item from SQL now and write its card (and this process's memory): after a
         change, when warming. Takes the card's lock (waiting for a load in progress, at most
         ``lock_ms``), so a load that read SQL before the change cannot overwrite the new card."""
-        lock = item_card_lock_key(item_id, self._prefix)
-        token = secrets.token_hex(16)
+        lock = self._card_lock(item_id)
         give_up_at = time.monotonic() + self._lock_ms / 1000
         owned = False
         while not owned and time.monotonic() < give_up_at:
-            owned = bool(await self._redis.set(lock, token, nx=True, px=self._lock_ms))
+            owned = await lock.acquire()
             if not owned:
                 await asyncio.sleep(self._poll_s)
         try:
@@ -389,7 +394,7 @@ class ItemCache:
             return self._remember(item_id, record)
         finally:
             if owned:
-                await self._unlock(lock, token)
+                await self._unlock(lock)
 
     async def card_ttl_ms(self, item_id: int) -> int | None:
         """The card's remaining time in Redis (ms): -1 if it never expires, None if it has none."""

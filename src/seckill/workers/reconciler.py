@@ -1,45 +1,25 @@
 """The reconciler worker: compares every item's Redis and SQL records each interval, logs the
 drift it finds and, when asked to, repairs it (see ``seckill.reconcile``).
 
-One pass at a time across all replicas: an upkeep lock in Redis (``SET NX PX`` with an owner
-token, renewed by compare-and-set) picks the replica that works; the others skip their pass. A
-holder that dies lets the lock lapse after three intervals.
+One pass at a time across all replicas: an upkeep lock in Redis (a ``Lease``, see
+``seckill.engine.leases``) picks the replica that works; the others skip their pass. A holder
+that dies lets the lock lapse after three intervals.
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 
 from redis.asyncio import Redis
 
 from seckill.engine.keys import upkeep_lock_key
-from seckill.engine.scripts import ScriptName, Scripts
+from seckill.engine.leases import Lease
+from seckill.engine.scripts import Scripts
 from seckill.observability import metrics
 from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import ItemReport, Reconciler
 
 log = logging.getLogger(__name__)
-
-
-class UpkeepLock:
-    """At most one holder across processes; the holder keeps it by renewing it in time."""
-
-    def __init__(self, redis: Redis, *, key: str, ttl_ms: int) -> None:
-        self._redis = redis
-        self._scripts = Scripts(redis)
-        self._key = key
-        self._ttl_ms = ttl_ms
-        self._token = secrets.token_hex(8)
-
-    async def hold(self) -> bool:
-        """Take the lock, or keep it if already ours; False while another process holds it."""
-        if await self._redis.set(self._key, self._token, nx=True, px=self._ttl_ms):
-            return True
-        renewed = await self._scripts.call(
-            ScriptName.RENEW_LEASE, (self._key,), (self._token, self._ttl_ms)
-        )
-        return bool(renewed)
 
 
 class ReconcilerWorker:
@@ -50,13 +30,17 @@ class ReconcilerWorker:
         *,
         reconciler: Reconciler,
         redis: Redis,
+        scripts: Scripts,
         prefix: str,
         interval_s: float,
         repair: bool,
     ) -> None:
         self._reconciler = reconciler
-        self._lock = UpkeepLock(
-            redis, key=upkeep_lock_key("reconciler", prefix), ttl_ms=int(interval_s * 3000)
+        self._upkeep_lock = Lease(
+            redis,
+            scripts=scripts,
+            key=upkeep_lock_key("reconciler", prefix),
+            ttl_ms=int(interval_s * 3000),
         )
         self._repair = repair
         self.passes = 0
@@ -65,7 +49,7 @@ class ReconcilerWorker:
     async def run_once(self) -> int:
         """One pass over every item, if this replica holds the lock. Always 0: the loop then
         waits one interval before the next pass."""
-        if not await self._lock.hold():
+        if not await self._hold_upkeep_lock():
             return 0
         reports = []
         for item_id in await self._reconciler.item_ids():
@@ -81,3 +65,7 @@ class ReconcilerWorker:
         self.passes += 1
         metrics.record_reconciler_pass(Drift, (f.kind for r in reports for f in r.found))
         return 0
+
+    async def _hold_upkeep_lock(self) -> bool:
+        """Take the upkeep lock, or keep it if this replica holds it; False while another does."""
+        return await self._upkeep_lock.acquire() or await self._upkeep_lock.renew()

@@ -1,0 +1,51 @@
+"""The owner-token lease on a real Redis: one owner at a time; only the owner renews or drops."""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio import Redis
+
+from seckill.engine.leases import Lease
+from seckill.engine.scripts import Scripts
+
+
+def lease(redis: Redis, scripts: Scripts, *, ttl_ms: int = 60_000) -> Lease:
+    return Lease(redis, scripts=scripts, key="t:lease", ttl_ms=ttl_ms)
+
+
+async def test_one_owner_at_a_time(redis: Redis, scripts: Scripts) -> None:
+    first, second = lease(redis, scripts), lease(redis, scripts)
+    assert await first.acquire()
+    assert not await second.acquire()
+    assert not await first.acquire()  # held, by ourselves too: renew() keeps it
+    await first.drop()
+    assert not await redis.exists("t:lease")
+    assert await second.acquire()
+
+
+async def test_a_renewal_holds_the_lease_a_full_ttl_more(redis: Redis, scripts: Scripts) -> None:
+    held = lease(redis, scripts)
+    assert await held.acquire()
+    await redis.pexpire("t:lease", 100)  # as if most of the lease had gone by
+    assert await held.renew()
+    assert await redis.pttl("t:lease") > 59_000
+
+
+async def test_a_late_renewal_changes_nothing(redis: Redis, scripts: Scripts) -> None:
+    late, other = lease(redis, scripts, ttl_ms=100), lease(redis, scripts)
+    assert await late.acquire()
+    await asyncio.sleep(0.2)  # lapsed: anyone may take it now
+    assert await other.acquire()
+    assert not await late.renew()
+    await late.drop()  # must not end the new owner's lease
+    assert await redis.pttl("t:lease") > 1_000
+    assert await other.renew()
+
+
+async def test_a_lease_never_acquired_is_not_ours(redis: Redis, scripts: Scripts) -> None:
+    await redis.set("t:lease", "someone", px=60_000)
+    never = lease(redis, scripts)
+    assert not await never.renew()
+    await never.drop()
+    assert await redis.get("t:lease") == "someone"
