@@ -36,8 +36,8 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from benchmarks._support import free_port, redis_binary
 from benchmarks.engine import load, warm_up
+from benchmarks.harness import free_port, redis_binary
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
