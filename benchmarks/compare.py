@@ -17,10 +17,11 @@ bodies and errors, a pool of SQL connections as large as the crowd's concurrency
 seckill's purchases also carry a purchase ticket, fetched before the clock starts.
 
 The crowd: N buyers (default 5,000) race for one item of U units (default 100), at most one per
-buyer, from C concurrent keep-alive connections (default 64) of one aiohttp client. Each buyer
-sends one purchase (quantity 1, its own idempotency key); one buyer in ten sends it again with the
-same key once answered, as a client that retries does, and must get the same answer. Tokens are
-minted before the timed part; each server is warmed up first with a few purchases of another
+buyer, from C concurrent keep-alive connections (default 64) of the product's own client
+(``seckill.crowd.client``, one aiohttp session). Each buyer sends one purchase (quantity 1, its
+own idempotency key); one buyer in ten sends it again with the same key once answered, as a
+client that retries does, and must get the same answer. Tokens are minted before the timed part;
+each server is warmed up first with a few purchases of another
 item. Only the purchase requests are timed.
 
 How to read it: ``req/s`` is purchase requests answered over the wall time of the timed part;
