@@ -24,7 +24,8 @@ the body ``{"quantity":1}``) from C keep-alive connections (default 64) for D se
   again a new buyer, each answered 409 ``sold_out`` (mostly from the process's sold-out flag).
 
 The load comes from ``wrk`` (``-t2``, a Lua script rotating through the prepared requests and
-counting statuses) when it is installed, else from aiohttp in two processes (``--generator``).
+counting statuses) when it is installed, else from the product's own client
+(``seckill.crowd.client``, on aiohttp) in two processes (``--generator``).
 Either way the generator shares this machine's CPUs with the server (and, for ``purchase``,
 with redis-server and the persister): a figure is this machine's, and noisy when it is busy.
 The ``cpu`` columns are CPU seconds per wall second, over the timed part, of the server (the
