@@ -17,10 +17,11 @@ bodies and errors, a pool of SQL connections as large as the crowd's concurrency
 seckill's purchases also carry a purchase ticket, fetched before the clock starts.
 
 The crowd: N buyers (default 5,000) race for one item of U units (default 100), at most one per
-buyer, from C concurrent keep-alive connections (default 64) of one aiohttp client. Each buyer
-sends one purchase (quantity 1, its own idempotency key); one buyer in ten sends it again with the
-same key once answered, as a client that retries does, and must get the same answer. Tokens are
-minted before the timed part; each server is warmed up first with a few purchases of another
+buyer, from C concurrent keep-alive connections (default 64) of the product's own client
+(``seckill.crowd.client``, one aiohttp session). Each buyer sends one purchase (quantity 1, its
+own idempotency key); one buyer in ten sends it again with the same key once answered, as a
+client that retries does, and must get the same answer. Tokens are minted before the timed part;
+each server is warmed up first with a few purchases of another
 item. Only the purchase requests are timed.
 
 How to read it: ``req/s`` is purchase requests answered over the wall time of the timed part;
@@ -53,53 +54,53 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import json
 import logging
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from benchmarks._support import free_port, redis_binary
 from benchmarks.baselines import Strategy, add_item, create_schema
-from seckill.config import Settings
-from seckill.redis_server import RedisServer
-from seckill.security.tickets import TICKET_HEADER
-from seckill.security.tokens import Role, token_codec
+from benchmarks.harness import (
+    Buyer,
+    api,
+    child_env,
+    cpu_spent,
+    create_item,
+    credentials,
+    drained,
+    durable_redis,
+    fetch_tickets,
+    free_port,
+    local_database_pid,
+    log_tail,
+    make_crowd,
+    seckill_command,
+    seckill_settings,
+    server_settings,
+    serving,
+    status_key,
+    upgrade_database,
+)
+from seckill.crowd.client import ApiClient, Credentials
 from seckill.store.database import create_database, drop_database
 
 DEFAULT_URL = "mysql+asyncmy://root@127.0.0.1:3306/test"
 STRATEGIES = ("rowlock", "conditional", "seckill")
-ROOT = Path(__file__).resolve().parent.parent  # the project: ``benchmarks`` is a package in it
-# Fixed secrets: the servers and this client must agree, and nothing here is worth protecting.
-JWT_SECRET = "seckill-compare-jwt-secret-" + "j" * 32
-PAYMENT_SECRET = "seckill-compare-payment-secret-" + "p" * 32
-TICKET_SECRET = "seckill-compare-ticket-secret-" + "t" * 32
-JWT_ISSUER, JWT_AUDIENCE = "seckill", "seckill-api"
-TOKEN_TTL_S = 3600
-HOLD_SECONDS = 3600  # no hold expires during a run: the audit sees every order held
 MAIN_ITEM, WARM_ITEM = 1, 2  # the baselines' item ids (seckill assigns its own)
-BODY = json.dumps({"quantity": 1}).encode()
-STARTUP_TIMEOUT_S = 60
 DRAIN_TIMEOUT_S = 120
-STOP_TIMEOUT_S = 20
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -138,140 +139,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # -- the crowd -----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Buyer:
-    name: str
-    token: str
-    key: str
-    repeats: bool
-    ticket: str = ""  # seckill only, fetched before the clock starts
-
-    def headers(self) -> dict[str, str]:
-        headers = {
-            "Authorization": f"Bearer {self.token}",
-            "Idempotency-Key": self.key,
-            "Content-Type": "application/json",
-        }
-        if self.ticket:
-            headers[TICKET_HEADER] = self.ticket
-        return headers
-
-
-def client_settings(data_dir: Path) -> Settings:
-    """The token settings every server gets: fixed, whatever this shell's SECKILL_* say."""
-    return Settings(
-        _env_file=None,
-        data_dir=data_dir,
-        jwt_algorithm="HS256",
-        jwt_secret=JWT_SECRET,
-        jwt_issuer=JWT_ISSUER,
-        jwt_audience=JWT_AUDIENCE,
-    )
-
-
-def make_crowd(settings: Settings, prefix: str, count: int, repeat_share: float) -> list[Buyer]:
-    """``count`` buyers with tokens; ``repeat_share`` of them, evenly spread, send twice."""
-    codec = token_codec(settings)
-    return [
-        Buyer(
-            name=f"{prefix}{i}",
-            token=codec.mint(f"{prefix}{i}", Role.BUYER, ttl_seconds=TOKEN_TTL_S),
-            key=f"key-{prefix}{i}",
-            repeats=int((i + 1) * repeat_share) > int(i * repeat_share),
-        )
-        for i in range(count)
-    ]
-
-
-def admin_headers(settings: Settings) -> dict[str, str]:
-    token = token_codec(settings).mint("bench", Role.ADMIN, ttl_seconds=TOKEN_TTL_S)
-    return {"Authorization": f"Bearer {token}"}
-
-
-# -- processes we own ----------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # Linux: if this benchmark is killed outright, the servers it started go too.
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def child_env(settings: Mapping[str, object]) -> dict[str, str]:
-    """This environment minus every SECKILL_* variable, plus ``settings``: the servers see
-    exactly what the benchmark sets (and, run from a temporary directory, no ``.env``)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
-    env.update({f"SECKILL_{k.upper()}": str(v) for k, v in settings.items()})
-    # The benchmarks' own modules (``python -m benchmarks.baselines``) from any directory.
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
-@contextlib.contextmanager
-def running(
-    argv: list[str], *, env: dict[str, str], cwd: Path, log: Path
-) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process, stopped with SIGTERM (SIGKILL if it lingers) however the block ends."""
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-        )  # fmt: skip
-        try:
-            yield process
-        finally:
-            stop(process)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(STOP_TIMEOUT_S)
-    except (subprocess.TimeoutExpired, KeyboardInterrupt):
-        process.kill()
-        process.wait()
-
-
-def log_tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU so far of a process and its live descendants (the worker processes
-    of a supervisor), from Linux /proc; 0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = [
-            int(child)
-            for task in Path(f"/proc/{pid}/task").iterdir()
-            for child in (task / "children").read_text().split()
-        ]
-    except OSError:
-        return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(cpu_seconds(child) for child in children)
-
-
-def local_database_pid(url: str) -> int | None:
-    """mariadbd's pid when the server runs on this machine (for its CPU figure), else None."""
-    if make_url(url).host not in {"127.0.0.1", "localhost", "::1", None}:
-        return None
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() in {"mariadbd", "mysqld"}:
-                    found.append(int(entry.name))
-    return found[0] if len(found) == 1 else None
-
-
-# -- HTTP ----------------------------------------------------------------------------------------
-
-
 @dataclass
 class Run:
     """What the client saw of one strategy's timed part."""
@@ -306,75 +173,34 @@ class Run:
         return ", ".join(f"{s}: {n}" for s, n in sorted(rest.items())) or "-"
 
 
-def session(concurrency: int) -> aiohttp.ClientSession:
-    # Idle connections are dropped before uvicorn's keep-alive (5 s) closes them under us.
-    connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=2)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60))
+def crowd_limits(args: argparse.Namespace) -> dict[str, object]:
+    """What every server is told beside its secrets: limits the crowd stays within."""
+    # The crowd keeps `concurrency` purchases in flight: none may be shed for that.
+    return {"admission_max_in_flight": max(512, 2 * args.concurrency)}
 
 
-async def call(
-    http: aiohttp.ClientSession, method: str, url: str, **options: Any
-) -> tuple[int, Any]:
-    async with http.request(method, url, **options) as response:
-        body = await response.read()
-        try:
-            return response.status, json.loads(body) if body else None
-        except ValueError:
-            return response.status, body.decode(errors="replace")
-
-
-async def wait_healthy(
-    http: aiohttp.ClientSession, base: str, process: subprocess.Popen[bytes], log: Path
-) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if process.poll() is not None:
-            sys.exit(f"the server exited at start (code {process.returncode}):\n{log_tail(log)}")
-        with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-            status, _ = await call(http, "GET", base + "/healthz")
-            if status == 200:
-                return
-        if time.monotonic() > deadline:
-            sys.exit(f"the server did not answer /healthz in {STARTUP_TIMEOUT_S} s:\n"
-                     f"{log_tail(log)}")  # fmt: skip
-        await asyncio.sleep(0.1)
-
-
-async def buy_all(
-    http: aiohttp.ClientSession, base: str, item_id: int, crowd: list[Buyer], concurrency: int
-) -> Run:
+async def buy_all(client: ApiClient, item_id: int, crowd: list[Buyer], concurrency: int) -> Run:
     """Every buyer's purchase (and repeat), ``concurrency`` at a time, each one timed."""
-    url = f"{base}/api/v1/items/{item_id}/orders"
-    headers = [buyer.headers() for buyer in crowd]  # built before the clock starts
     run = Run()
-    turns = iter(range(len(crowd)))  # shared: a connection takes the next buyer once free
+    turns = iter(crowd)  # shared: a connection takes the next buyer once free
 
-    async def once(i: int) -> tuple[str, str | None]:
-        sent = time.perf_counter()
-        try:
-            async with http.post(url, data=BODY, headers=headers[i]) as response:
-                body = await response.read()
-                status = response.status
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            run.statuses[f"error {type(exc).__name__}"] += 1
-            return "error", None
-        answered = time.perf_counter()
-        run.latencies_ms.append((answered - sent) * 1000)
-        answer = json.loads(body) if body else {}
-        if status == 202:
-            order_id = str(answer["order_id"])
-            if order_id not in run.accepted:
-                run.accepted.add(order_id)
-                run.last_sale_s = answered - started
-            run.statuses["202"] += 1
-            return "202", order_id
-        run.statuses[f"{status} {answer.get('error', '?')}"] += 1
-        return str(status), None
+    async def once(buyer: Buyer) -> tuple[int, str | None]:
+        reply = await client.buy(item_id, buyer.name, ticket=buyer.ticket, key=buyer.key,
+                                 quantity=1)  # fmt: skip
+        run.statuses[status_key(reply)] += 1
+        if reply.status == 0:
+            return 0, None
+        run.latencies_ms.append(reply.ms)
+        order_id = str(reply.body["order_id"]) if reply.status == 202 else None
+        if order_id is not None and order_id not in run.accepted:
+            run.accepted.add(order_id)
+            run.last_sale_s = time.perf_counter() - started
+        return reply.status, order_id
 
     async def connection() -> None:
-        for i in turns:
-            first = await once(i)
-            if crowd[i].repeats and await once(i) != first:
+        for buyer in turns:
+            first = await once(buyer)
+            if buyer.repeats and await once(buyer) != first:
                 run.repeat_mismatches += 1
 
     started = time.perf_counter()
@@ -385,29 +211,24 @@ async def buy_all(
     return run
 
 
-async def warm_up(
-    http: aiohttp.ClientSession, base: str, item_id: int, buyers: list[Buyer], concurrency: int
-) -> None:
+async def warm_up(client: ApiClient, item_id: int, buyers: list[Buyer], concurrency: int) -> None:
     """Purchases of another item: connections opened, pools filled, code paths run once."""
-    run = await buy_all(http, base, item_id, buyers, concurrency)
+    run = await buy_all(client, item_id, buyers, concurrency)
     if run.statuses != Counter({"202": len(buyers)}):
         sys.exit(f"warm-up: expected {len(buyers)} accepted purchases, got {dict(run.statuses)}")
 
 
 async def timed(
-    http: aiohttp.ClientSession,
-    base: str,
+    client: ApiClient,
     item_id: int,
     crowd: list[Buyer],
     concurrency: int,
     pids: Mapping[str, int | None],
 ) -> Run:
-    """The timed part, with the CPU each process spent over it."""
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    client_before = time.process_time()
-    run = await buy_all(http, base, item_id, crowd, concurrency)
-    run.cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
-    run.cpu["client"] = time.process_time() - client_before
+    """The timed part, with the CPU each process (and this client) spent over it."""
+    with cpu_spent(pids, own="client") as spent:
+        run = await buy_all(client, item_id, crowd, concurrency)
+    run.cpu = spent
     return run
 
 
@@ -489,8 +310,8 @@ def audit(
 
 
 def run_baseline(
-    strategy: Strategy, args: argparse.Namespace, crowd: list[Buyer], warmers: list[Buyer],
-    workdir: Path,
+    strategy: Strategy, args: argparse.Namespace, who: Credentials, crowd: list[Buyer],
+    warmers: list[Buyer], workdir: Path,
 ) -> tuple[Run, dict[str, Any]]:  # fmt: skip
     name = f"seckill_compare_{strategy.value}"
     url = uvloop.run(fresh_database(args.mariadb_url, name))
@@ -504,9 +325,10 @@ def run_baseline(
             "--database-url", url, "--port", str(port),
             "--pool-size", str(min(args.concurrency, 64)),
         ]  # fmt: skip
-        env = child_env(server_settings(args, workdir / strategy.value))
-        with running(argv, env=env, cwd=workdir, log=log) as process:
-            run = uvloop.run(drive_baseline(args, crowd, warmers, port, process, log))
+        env = child_env(server_settings(workdir / strategy.value) | crowd_limits(args))
+        with serving(argv, port=port, env=env, cwd=workdir, log=log) as process:
+            pids = {"server": process.pid, "mariadb": local_database_pid(args.mariadb_url)}
+            run = uvloop.run(drive_baseline(args, who, crowd, warmers, port, pids))
         if process.returncode not in (0, -signal.SIGTERM):
             print(f"{strategy.value}: the server exited with {process.returncode}:\n"
                   f"{log_tail(log)}")  # fmt: skip
@@ -517,40 +339,18 @@ def run_baseline(
             uvloop.run(drop_database(args.mariadb_url, name))
 
 
-def server_settings(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
-    """What every server is told: the tokens' settings, and limits the crowd stays within."""
-    return {
-        "data_dir": data_dir,
-        "jwt_algorithm": "HS256",
-        "jwt_secret": JWT_SECRET,
-        "jwt_issuer": JWT_ISSUER,
-        "jwt_audience": JWT_AUDIENCE,
-        "payment_secret": PAYMENT_SECRET,
-        "ticket_secret": TICKET_SECRET,
-        # The crowd keeps `concurrency` purchases in flight: none may be shed for that.
-        "admission_max_in_flight": max(512, 2 * args.concurrency),
-    }
-
-
 async def drive_baseline(
-    args: argparse.Namespace,
-    crowd: list[Buyer],
-    warmers: list[Buyer],
-    port: int,
-    process: subprocess.Popen[bytes],
-    log: Path,
-) -> Run:
-    base = f"http://127.0.0.1:{port}"
+    args: argparse.Namespace, who: Credentials, crowd: list[Buyer], warmers: list[Buyer],
+    port: int, pids: Mapping[str, int | None],
+) -> Run:  # fmt: skip
     status_engine = create_async_engine(args.mariadb_url, pool_size=1)
     try:
-        async with session(args.concurrency) as http:
-            await wait_healthy(http, base, process, log)
-            await warm_up(http, base, WARM_ITEM, warmers, args.concurrency)
+        async with api(f"http://127.0.0.1:{port}", who, args.concurrency) as client:
+            await warm_up(client, WARM_ITEM, warmers, args.concurrency)
             locks_before = await lock_status(status_engine)
-            pids = {"server": process.pid, "mariadb": local_database_pid(args.mariadb_url)}
-            run = await timed(http, base, MAIN_ITEM, crowd, args.concurrency, pids)
+            run = await timed(client, MAIN_ITEM, crowd, args.concurrency, pids)
             locks_after = await lock_status(status_engine)
-            _, health = await call(http, "GET", base + "/healthz")
+            health = (await client.health()).body
     finally:
         await status_engine.dispose()
     run.notes = {name: locks_after[name] - locks_before[name] for name in locks_before}
@@ -582,39 +382,25 @@ async def read_baseline(url: str) -> dict[str, Any]:
 
 
 def run_seckill(
-    args: argparse.Namespace, crowd: list[Buyer], warmers: list[Buyer], workdir: Path
-) -> tuple[Run, dict[str, Any]]:
+    args: argparse.Namespace, who: Credentials, crowd: list[Buyer], warmers: list[Buyer],
+    workdir: Path,
+) -> tuple[Run, dict[str, Any]]:  # fmt: skip
     name = "seckill_compare_seckill"
-    seckill = Path(sys.executable).with_name("seckill")
     url = uvloop.run(fresh_database(args.mariadb_url, name))
     try:
-        with RedisServer(
-            binary=redis_binary(args.redis_server), data_dir=workdir / "redis",
-            port=free_port(), appendonly=True,
-        ) as redis:  # fmt: skip
-            env = child_env(
-                server_settings(args, workdir / "seckill")
-                | {
-                    "redis_url": redis.url,
-                    "database_url": url,
-                    "ticket_ttl_seconds": 3 * TOKEN_TTL_S,  # tickets outlive the run
-                    "redis_max_connections": max(64, args.concurrency),
-                }
-            )
-            upgraded = subprocess.run(
-                [str(seckill), "db", "upgrade"], env=env, cwd=workdir, capture_output=True
-            )
-            if upgraded.returncode != 0:
-                sys.exit(f"seckill db upgrade failed:\n{upgraded.stdout.decode()}"
-                         f"{upgraded.stderr.decode()}")  # fmt: skip
+        with durable_redis(args.redis_server, workdir / "redis") as redis:
+            settings = seckill_settings(
+                workdir / "seckill", redis_url=redis.url, database_url=url,
+                concurrency=args.concurrency,
+            )  # fmt: skip
+            env = child_env(settings | crowd_limits(args))
+            upgrade_database(env, workdir)
             port, log = free_port(), workdir / "seckill.log"
-            argv = [str(seckill), "serve", "--host", "127.0.0.1", "--port", str(port)]
-            with running(argv, env=env, cwd=workdir, log=log) as process:
+            argv = seckill_command("serve", "--host", "127.0.0.1", "--port", str(port))
+            with serving(argv, port=port, env=env, cwd=workdir, log=log) as process:
                 assert redis.process is not None
                 pids = {"server": process.pid, "redis": redis.process.pid}
-                run, item_id = uvloop.run(
-                    drive_seckill(args, crowd, warmers, port, process, log, pids)
-                )
+                run, item_id = uvloop.run(drive_seckill(args, who, crowd, warmers, port, pids))
         found = uvloop.run(read_seckill(url, item_id))
         return run, audit(**found, limit=1, run=run)
     finally:
@@ -623,88 +409,20 @@ def run_seckill(
 
 
 async def drive_seckill(
-    args: argparse.Namespace,
-    crowd: list[Buyer],
-    warmers: list[Buyer],
-    port: int,
-    process: subprocess.Popen[bytes],
-    log: Path,
-    pids: Mapping[str, int | None],
-) -> tuple[Run, int]:
-    base = f"http://127.0.0.1:{port}"
-    admin = admin_headers(client_settings(Path(".")))
-    async with session(args.concurrency) as http:
-        await wait_healthy(http, base, process, log)
-        item_id = await create_item(http, base, admin, total=args.units)
-        warm_item = await create_item(http, base, admin, total=len(warmers))
-        await fetch_tickets(http, base, warm_item, warmers, args.concurrency)
-        await fetch_tickets(http, base, item_id, crowd, args.concurrency)
-        await warm_up(http, base, warm_item, warmers, args.concurrency)
-        run = await timed(http, base, item_id, crowd, args.concurrency, pids)
+    args: argparse.Namespace, who: Credentials, crowd: list[Buyer], warmers: list[Buyer],
+    port: int, pids: Mapping[str, int | None],
+) -> tuple[Run, int]:  # fmt: skip
+    async with api(f"http://127.0.0.1:{port}", who, args.concurrency) as client:
+        item_id = await create_item(client, total=args.units)
+        warm_item = await create_item(client, total=len(warmers))
+        await fetch_tickets(client, warm_item, warmers, args.concurrency)
+        await fetch_tickets(client, item_id, crowd, args.concurrency)
+        await warm_up(client, warm_item, warmers, args.concurrency)
+        run = await timed(client, item_id, crowd, args.concurrency, pids)
         started = time.perf_counter()
-        await drained(http, base, admin, item_id)
+        await drained(client, item_id, DRAIN_TIMEOUT_S)
         run.notes = {"drained_after_s": round(time.perf_counter() - started, 2)}
     return run, item_id
-
-
-async def create_item(
-    http: aiohttp.ClientSession, base: str, admin: dict[str, str], *, total: int
-) -> int:
-    """An item on sale now, created and warmed through the admin routes."""
-    now = datetime.now(UTC)
-    status, body = await call(
-        http, "POST", base + "/api/v1/admin/items", headers=admin,
-        json={
-            "name": "compare", "price_cents": 100, "total": total,
-            "starts_at": (now - timedelta(minutes=1)).isoformat(),
-            "ends_at": (now + timedelta(hours=2)).isoformat(),
-            "per_buyer_limit": 1, "hold_seconds": HOLD_SECONDS,
-        },
-    )  # fmt: skip
-    if status != 201:
-        sys.exit(f"creating an item failed: {status} {body}")
-    item_id = int(body["item_id"])
-    status, body = await call(
-        http, "POST", f"{base}/api/v1/admin/items/{item_id}/warm", headers=admin
-    )
-    if status != 200:
-        sys.exit(f"warming item {item_id} failed: {status} {body}")
-    return item_id
-
-
-async def fetch_tickets(
-    http: aiohttp.ClientSession, base: str, item_id: int, buyers: list[Buyer], concurrency: int
-) -> None:
-    url = f"{base}/api/v1/items/{item_id}/tickets"
-    turns = iter(buyers)
-
-    async def connection() -> None:
-        for buyer in turns:
-            status, body = await call(
-                http, "POST", url, headers={"Authorization": f"Bearer {buyer.token}"}
-            )
-            if status != 200:
-                sys.exit(f"no ticket for {buyer.name}: {status} {body}")
-            buyer.ticket = body["ticket"]
-
-    async with asyncio.TaskGroup() as group:
-        for _ in range(concurrency):
-            group.create_task(connection())
-
-
-async def drained(
-    http: aiohttp.ClientSession, base: str, admin: dict[str, str], item_id: int
-) -> None:
-    """Until the item's stream has landed in SQL and both records agree."""
-    deadline = time.monotonic() + DRAIN_TIMEOUT_S
-    while True:
-        status, body = await call(http, "GET", f"{base}/api/v1/admin/items/{item_id}",
-                                  headers=admin)  # fmt: skip
-        if status == 200 and body["backlog"] == 0 and body["agree"]:
-            return
-        if time.monotonic() > deadline:
-            sys.exit(f"the stream did not drain in {DRAIN_TIMEOUT_S} s: {status} {body}")
-        await asyncio.sleep(0.2)
 
 
 _SECKILL_ORDERS = text(
@@ -770,18 +488,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     results: dict[str, tuple[Run, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="seckill-compare-") as tmp:
         workdir = Path(tmp)
-        settings = client_settings(workdir)
-        crowd = make_crowd(settings, "b", args.buyers, args.repeat_share)
+        who = credentials()
+        crowd = make_crowd(who, "b", args.buyers, args.repeat_share)
         repeats = sum(buyer.repeats for buyer in crowd)
         facts = uvloop.run(server_facts(args.mariadb_url))
         print(f"{args.buyers} buyers ({repeats} send twice) for {args.units} units, "
               f"{args.concurrency} connections; {facts}; {os.cpu_count()} CPUs")  # fmt: skip
         for strategy in (Strategy.ROWLOCK, Strategy.CONDITIONAL):
-            warmers = make_crowd(settings, f"w{strategy.value}-", args.warm_up, 0)
-            results[strategy.value] = run_baseline(strategy, args, crowd, warmers, workdir)
+            warmers = make_crowd(who, f"w{strategy.value}-", args.warm_up)
+            results[strategy.value] = run_baseline(strategy, args, who, crowd, warmers, workdir)
             print(f"{strategy.value}: done, {results[strategy.value][0].per_second:,.0f} req/s")
-        warmers = make_crowd(settings, "wseckill-", args.warm_up, 0)
-        results["seckill"] = run_seckill(args, crowd, warmers, workdir)
+        warmers = make_crowd(who, "wseckill-", args.warm_up)
+        results["seckill"] = run_seckill(args, who, crowd, warmers, workdir)
         print(f"seckill: done, {results['seckill'][0].per_second:,.0f} req/s\n")
     report(results)
 

@@ -40,7 +40,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import Column, Index, MetaData, Table, insert, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from benchmarks._support import run_on_private_redis
+from benchmarks.harness import run_on_private_redis
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine

@@ -36,8 +36,8 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from benchmarks._support import free_port, redis_binary
 from benchmarks.engine import load, warm_up
+from benchmarks.harness import durable_redis, redis_binary
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
@@ -106,10 +106,7 @@ def private_servers(
     ):
 
         def start(name: str) -> RedisServer:
-            server = RedisServer(
-                binary=binary, data_dir=Path(tmp) / name, port=free_port(), appendonly=True
-            )
-            return servers.enter_context(server)
+            return servers.enter_context(durable_redis(str(binary), Path(tmp) / name))
 
         primary = start("primary")
         yield primary, start("replica") if replica else None

@@ -31,7 +31,7 @@ from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from benchmarks._support import run_on_private_redis
+from benchmarks.harness import run_on_private_redis
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import SaleItem, Stock

@@ -24,7 +24,8 @@ the body ``{"quantity":1}``) from C keep-alive connections (default 64) for D se
   again a new buyer, each answered 409 ``sold_out`` (mostly from the process's sold-out flag).
 
 The load comes from ``wrk`` (``-t2``, a Lua script rotating through the prepared requests and
-counting statuses) when it is installed, else from aiohttp in two processes (``--generator``).
+counting statuses) when it is installed, else from the product's own client
+(``seckill.crowd.client``, on aiohttp) in two processes (``--generator``).
 Either way the generator shares this machine's CPUs with the server (and, for ``purchase``,
 with redis-server and the persister): a figure is this machine's, and noisy when it is busy.
 The ``cpu`` columns are CPU seconds per wall second, over the timed part, of the server (the
@@ -63,7 +64,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -75,26 +75,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import uvloop
 
-from benchmarks._support import free_port, redis_binary
-from benchmarks.compare import (
+from benchmarks.harness import (
     Buyer,
-    admin_headers,
-    call,
+    api,
     child_env,
-    client_settings,
-    cpu_seconds,
+    cpu_spent,
     create_item,
+    credentials,
+    durable_redis,
     fetch_tickets,
-    log_tail,
+    free_port,
     make_crowd,
     running,
-    session,
+    seckill_command,
+    seckill_settings,
+    serving,
+    status_key,
+    upgrade_database,
 )
 from seckill.config import Settings
-from seckill.redis_server import RedisServer
+from seckill.crowd.client import Credentials
 from seckill.security.tickets import TICKET_HEADER
 
 BIG_ITEM_UNITS = 10_000_000
@@ -102,9 +104,7 @@ SOLDOUT_UNITS = 5
 PATH = "/api/v1/items/{item_id}/orders"
 BODY = b'{"quantity":1}'
 HELLO_BODY = b'{"message":"hello"}'
-STARTUP_TIMEOUT_S = 60
 DRAIN_TIMEOUT_S = 300
-TICKET_TTL_S = 3 * 3600  # tickets outlive the run
 SAMPLE_BUYERS = 2_000  # request shapes for the hello runs (they never reach the product)
 MIN_POOL = 2_000
 
@@ -216,11 +216,11 @@ def serve_hello(kind: str, port: int, workers: int, server: str) -> None:
 # -- the prepared requests -----------------------------------------------------------------------
 
 
-def write_requests(buyers: Sequence[Buyer], path: Path) -> Path:
+def write_requests(buyers: Sequence[Buyer], who: Credentials, path: Path) -> Path:
     """One line per request: token, idempotency key, ticket (none of them holds a space)."""
     with path.open("w") as out:
         for buyer in buyers:
-            out.write(f"{buyer.token} {buyer.key} {buyer.ticket}\n")
+            out.write(f"{who.buyer(buyer.name)} {buyer.key} {buyer.ticket}\n")
     return path
 
 
@@ -235,7 +235,6 @@ def read_requests(path: Path, part: int, parts: int) -> list[dict[str, str]]:
                         "Authorization": f"Bearer {token}",
                         "Idempotency-Key": key,
                         TICKET_HEADER: ticket,
-                        "Content-Type": "application/json",
                     }
                 )
     return headers
@@ -373,16 +372,14 @@ def run_wrk(
 
 
 async def _load_part(
-    url: str, requests: Path, part: int, parts: int, connections: int, start_at: float,
-    seconds: float,
+    url: str, path: str, requests: Path, part: int, parts: int, connections: int,
+    start_at: float, seconds: float,
 ) -> dict[str, Any]:  # fmt: skip
     prepared = read_requests(requests, part, parts)
     latencies: list[float] = []
     statuses: Counter[str] = Counter()
     sent = errors = 0
-    connector = aiohttp.TCPConnector(limit=connections, keepalive_timeout=30)
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+    async with api(url, credentials(), connections, keepalive_s=30, timeout_s=10) as client:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         stop_at = time.perf_counter() + seconds
 
@@ -391,20 +388,12 @@ async def _load_part(
             while time.perf_counter() < stop_at:
                 headers = prepared[sent % len(prepared)]
                 sent += 1
-                began = time.perf_counter()
-                try:
-                    async with http.post(url, data=BODY, headers=headers) as response:
-                        body = await response.read()
-                        status = response.status
-                except (TimeoutError, aiohttp.ClientError):
+                reply = await client.request("POST", path, raw=BODY, headers=headers)
+                if reply.status == 0:
                     errors += 1
                     continue
-                latencies.append((time.perf_counter() - began) * 1000)
-                key = str(status)
-                if status >= 300:
-                    with contextlib.suppress(ValueError, AttributeError):
-                        key += f" {json.loads(body).get('error', '?')}"
-                statuses[key] += 1
+                latencies.append(reply.ms)
+                statuses[status_key(reply)] += 1
 
         began = time.perf_counter()
         async with asyncio.TaskGroup() as group:
@@ -430,13 +419,13 @@ def run_builtin(
     url: str, item_id: int, requests: Path, seconds: float, args: argparse.Namespace
 ) -> Load:
     parts = 2  # the machine's 2 cores; the server shares them
-    target = url + PATH.format(item_id=item_id)
+    path = PATH.format(item_id=item_id)
     start_at = time.time() + 1.0  # both processes have started and connected by then
     shares = [args.connections // parts + (i < args.connections % parts) for i in range(parts)]
     with multiprocessing.get_context("spawn").Pool(parts) as pool:
         found = pool.starmap(
             load_part,
-            [(target, requests, i, parts, shares[i], start_at, seconds) for i in range(parts)],
+            [(url, path, requests, i, parts, shares[i], start_at, seconds) for i in range(parts)],
         )
     latencies = sorted(x for part in found for x in part["latencies"])
     load = Load(
@@ -466,34 +455,15 @@ def timed(
     pids: dict[str, int | None],
 ) -> Load:  # fmt: skip
     """The timed part, with the CPU each server process spent over it."""
-    before = {proc: cpu_seconds(pid) for proc, pid in pids.items()}
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    load = generate(url, item_id, requests, args.duration, args)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    spent = {proc: cpu_seconds(pid) - before[proc] for proc, pid in pids.items()}
-    # wrk, or the generator processes: children this process has waited for.
-    spent["generator"] = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    # wrk, or the generator processes: children this process waits for.
+    with cpu_spent(pids, children="generator") as spent:
+        load = generate(url, item_id, requests, args.duration, args)
     load.cpu = {proc: s / load.seconds if load.seconds else 0.0 for proc, s in spent.items()}
     print(f"{name}: {load.per_second:,.0f} req/s, p99 {load.p99_ms:.2f} ms", flush=True)
     return load
 
 
-# -- processes -----------------------------------------------------------------------------------
-
-
-async def wait_answering(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if process.poll() is not None:
-                sys.exit(f"the server exited at start ({process.returncode}):\n{log_tail(log)}")
-            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                async with http.get(url) as response:
-                    if response.status < 500:
-                        return
-            if time.monotonic() > deadline:
-                sys.exit(f"no answer from {url} in {STARTUP_TIMEOUT_S} s:\n{log_tail(log)}")
-            await asyncio.sleep(0.1)
+# -- the product ---------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
@@ -503,74 +473,51 @@ def hello_server(
     port, log = free_port(), workdir / f"hello-{kind}.log"
     argv = [sys.executable, "-m", "benchmarks.http", "--serve-hello", kind, "--port", str(port)]
     argv += ["--workers", str(args.workers), "--server", args.server]
-    with running(argv, env=child_env({}), cwd=workdir, log=log) as process:
-        url = f"http://127.0.0.1:{port}"
-        uvloop.run(wait_answering(url + "/", process, log))
-        yield url, process
+    with serving(argv, port=port, env=child_env({}), cwd=workdir, log=log, path="/") as process:
+        yield f"http://127.0.0.1:{port}", process
 
 
-def product_env(args: argparse.Namespace, workdir: Path, redis_url: str) -> dict[str, str]:
-    settings = client_settings(workdir)
-    database_url = args.database_url or f"sqlite+aiosqlite:///{workdir / 'seckill.db'}"
-    return child_env(
-        {
-            "data_dir": workdir / "seckill",
-            "redis_url": redis_url,
-            "database_url": database_url,
-            "jwt_algorithm": settings.jwt_algorithm,
-            "jwt_secret": settings.jwt_secret,
-            "jwt_issuer": settings.jwt_issuer,
-            "jwt_audience": settings.jwt_audience,
-            "payment_secret": "seckill-http-bench-payment-secret-" + "p" * 32,
-            "ticket_secret": "seckill-http-bench-ticket-secret-" + "t" * 32,
-            "ticket_ttl_seconds": TICKET_TTL_S,
-            "redis_max_connections": max(64, args.connections),
-        }
-    )
-
-
-# -- the product ---------------------------------------------------------------------------------
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Product:
     url: str
-    admin: dict[str, str]
-    settings: Settings
+    who: Credentials
     workdir: Path
     concurrency: int
     big_item: int = 0
     soldout_item: int = 0
     made: int = 0  # buyers minted so far (each one a new name)
 
-    async def buyers(self, item_id: int, count: int, name: str) -> Path:
-        """``count`` new buyers with tokens and tickets for ``item_id``, written for a run."""
-        crowd = make_crowd(self.settings, f"b{self.made}-", count, 0)
+    async def buyers(self, item_id: int, count: int) -> list[Buyer]:
+        """``count`` new buyers with tokens and tickets for ``item_id``."""
+        crowd = make_crowd(self.who, f"b{self.made}-", count)
         self.made += count
-        async with session(self.concurrency) as http:
-            await fetch_tickets(http, self.url, item_id, crowd, self.concurrency)
-        return write_requests(crowd, self.workdir / f"{name}.txt")
+        async with api(self.url, self.who, self.concurrency) as client:
+            await fetch_tickets(client, item_id, crowd, self.concurrency)
+        return crowd
 
+    def requests(self, item_id: int, count: int, name: str) -> Path:
+        """``count`` new buyers for ``item_id``, written for a run."""
+        crowd = uvloop.run(self.buyers(item_id, count))
+        return write_requests(crowd, self.who, self.workdir / f"{name}.txt")
 
-async def set_up_product(product: Product) -> None:
-    async with session(product.concurrency) as http:
-        product.big_item = await create_item(http, product.url, product.admin, total=BIG_ITEM_UNITS)
-        product.soldout_item = await create_item(
-            http, product.url, product.admin, total=SOLDOUT_UNITS
-        )
+    async def set_up(self) -> None:
+        async with api(self.url, self.who, self.concurrency) as client:
+            self.big_item = await create_item(client, total=BIG_ITEM_UNITS)
+            self.soldout_item = await create_item(client, total=SOLDOUT_UNITS)
 
 
 async def buy_out(product: Product) -> int:
     """The second item bought out by a few buyers; how many were accepted."""
-    path = await product.buyers(product.soldout_item, SOLDOUT_UNITS, "buy-out")
-    headers = read_requests(path, 0, 1)
-    url = product.url + PATH.format(item_id=product.soldout_item)
-    async with session(product.concurrency) as http:
-        answers = [await call(http, "POST", url, data=BODY, headers=h) for h in headers]
-        _, body = await call(http, "GET", f"{product.url}/api/v1/admin/items/"
-                             f"{product.soldout_item}", headers=product.admin)  # fmt: skip
-    if any(status != 202 for status, _ in answers) or body["redis"]["available"] != 0:
-        sys.exit(f"buying out item {product.soldout_item} failed: {answers} {body}")
+    item_id = product.soldout_item
+    crowd = await product.buyers(item_id, SOLDOUT_UNITS)
+    async with api(product.url, product.who, product.concurrency) as client:
+        answers = [
+            await client.buy(item_id, buyer.name, ticket=buyer.ticket, key=buyer.key, quantity=1)
+            for buyer in crowd
+        ]
+        counters = await client.counters(item_id)
+    if any(a.status != 202 for a in answers) or counters.body["redis"]["available"] != 0:
+        sys.exit(f"buying out item {item_id} failed: {answers} {counters.body}")
     return len(answers)
 
 
@@ -578,13 +525,13 @@ async def audit(product: Product, *, accepted: int, reused: int, distinct: int) 
     """Wait for the stream to land and the counters to settle, then the admin audit and the units
     held against the 202s. Settled means unchanged for a second: requests in flight when the
     generator stopped are still being answered, and each may hold a unit after the last look."""
-    item = f"{product.url}/api/v1/admin/items/{product.big_item}"
     started = time.monotonic()
-    async with session(4) as http:
+    async with api(product.url, product.who, 4) as client:
         last: dict[str, Any] | None = None
         while True:
-            status, counters = await call(http, "GET", item, headers=product.admin)
-            landed = status == 200 and counters["backlog"] == 0 and counters["agree"]
+            reply = await client.counters(product.big_item)
+            counters = reply.body
+            landed = reply.status == 200 and counters["backlog"] == 0 and counters["agree"]
             if landed and counters == last:
                 break
             last = counters if landed else None
@@ -592,7 +539,8 @@ async def audit(product: Product, *, accepted: int, reused: int, distinct: int) 
                 return {"passed": False, "drained": False, "counters": counters}
             await asyncio.sleep(1.0 if landed else 0.2)
         drained_s = time.monotonic() - started
-        status, found = await call(http, "GET", item + "/audit", headers=product.admin)
+        checked = await client.audit(product.big_item)
+    status, found = checked.status, checked.body
     redis = counters["redis"]
     units = redis["held"] + redis["sold"]
     # Each 202 not to a repeat (a request sent again once the prepared ones ran out) is one
@@ -636,7 +584,7 @@ def measure(
     """hello, hello raw, purchase and soldout, one after the other, into ``loads``; the audit."""
     workdir = product.workdir
     # Request shapes for the hello runs: they never reach the product, so may be sent again.
-    sample = uvloop.run(product.buyers(product.big_item, SAMPLE_BUYERS, "sample"))
+    sample = product.requests(product.big_item, SAMPLE_BUYERS, "sample")
     for kind, name in (("fastapi", "hello"), ("raw", "hello raw")):
         with hello_server(kind, workdir, args) as (hello_url, process):
             if args.warm_up:
@@ -652,12 +600,12 @@ def measure(
         warmed = Load()
         if args.warm_up:
             count = max(MIN_POOL, int(ceiling * args.warm_up * 1.2))
-            warm = uvloop.run(product.buyers(item_id, count, f"{name}-warm"))
+            warm = product.requests(item_id, count, f"{name}-warm")
             warmed = generate(product.url, item_id, warm, args.warm_up, args)
             print(f"{name} warm-up: {warmed.per_second:,.0f} req/s", flush=True)
         rate = warmed.per_second or ceiling
         count = max(MIN_POOL, int(rate * args.duration * 2) + 20 * args.connections)
-        requests = uvloop.run(product.buyers(item_id, count, name))
+        requests = product.requests(item_id, count, name)
         loads[name] = timed(name, product.url, item_id, requests, args, pids)
         return warmed, loads[name]
 
@@ -687,38 +635,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     loads: dict[str, Load] = {}
     with tempfile.TemporaryDirectory(prefix="seckill-http-") as tmp:
         workdir = Path(tmp)
-        with RedisServer(
-            binary=redis_binary(args.redis_server), data_dir=workdir / "redis", port=free_port(),
-            appendonly=True,
-        ) as redis:  # fmt: skip
-            env = product_env(args, workdir, redis.url)
-            seckill = str(Path(sys.executable).with_name("seckill"))
-            upgraded = subprocess.run(
-                [seckill, "db", "upgrade"], env=env, cwd=workdir, capture_output=True, check=False
-            )
-            if upgraded.returncode != 0:
-                sys.exit(f"seckill db upgrade failed:\n{upgraded.stdout.decode()}"
-                         f"{upgraded.stderr.decode()}")  # fmt: skip
+        with durable_redis(args.redis_server, workdir / "redis") as redis:
+            database_url = args.database_url or f"sqlite+aiosqlite:///{workdir / 'seckill.db'}"
+            env = child_env(
+                seckill_settings(
+                    workdir / "seckill", redis_url=redis.url, database_url=database_url,
+                    concurrency=args.connections,
+                )
+            )  # fmt: skip
+            upgrade_database(env, workdir)
             port = free_port()
-            api_argv = [seckill, "api", "--host", "127.0.0.1", "--port", str(port)]
+            api_argv = seckill_command("api", "--host", "127.0.0.1", "--port", str(port))
             api_argv += ["--workers", str(args.workers), "--server", args.server]
             with (
-                running(api_argv, env=env, cwd=workdir, log=workdir / "api.log") as api,
+                serving(api_argv, port=port, env=env, cwd=workdir, log=workdir / "api.log") as api,
                 running(
-                    [seckill, "worker", "persister"], env=env, cwd=workdir,
+                    seckill_command("worker", "persister"), env=env, cwd=workdir,
                     log=workdir / "persister.log",
                 ) as persister,
             ):  # fmt: skip
-                url = f"http://127.0.0.1:{port}"
-                uvloop.run(wait_answering(url + "/healthz", api, workdir / "api.log"))
                 product = Product(
-                    url=url, admin=admin_headers(client_settings(workdir)),
-                    settings=client_settings(workdir), workdir=workdir,
+                    url=f"http://127.0.0.1:{port}", who=credentials(), workdir=workdir,
                     concurrency=args.connections,
                 )  # fmt: skip
-                uvloop.run(set_up_product(product))
+                uvloop.run(product.set_up())
                 found = measure(args, product, loads, pids={
-                    "server": api.pid, "redis": redis.process and redis.process.pid,
+                    "server": api.pid, "redis": redis.process.pid if redis.process else None,
                     "persister": persister.pid,
                 })  # fmt: skip
     report(loads, {"hello": "200", "hello raw": "200", "purchase": "202",

@@ -54,8 +54,8 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from benchmarks._support import free_port, redis_binary
 from benchmarks.engine import IDEMPOTENCY_TTL_MS, benchmark_command, load, run_redis_benchmark
+from benchmarks.harness import free_port, redis_binary
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
