@@ -19,7 +19,8 @@ from seckill.crowd.crowd import CrowdLog, CrowdOrder
 from seckill.crowd.plan import CrowdPlan
 from seckill.engine.audit import Check
 from seckill.store.database import open_database
-from seckill.store.ledger import ItemBook, Ledger
+from seckill.store.ledger import Ledger
+from seckill.store.records import ItemBook
 
 LIVE = frozenset({"held", "paid"})  # statuses whose units count against the buyer's limit
 _SHOWN = 3  # ids named in a detail
