@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from seckill.domain.events import EventKind, StockEvent
-from seckill.domain.items import ItemRecord, NewItem, SaleItem, Stock
+from seckill.domain.items import STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
 from seckill.domain.orders import OrderStatus
 from seckill.store.landing import land_batch
 from seckill.store.records import (
@@ -337,7 +337,7 @@ def _landed_order(row: Any) -> LandedOrder:
     )
 
 
-_STOCK = (Inventory.total, Inventory.available, Inventory.held, Inventory.sold)
+_STOCK = tuple(getattr(Inventory, name) for name in STOCK_FIELDS)
 
 
 async def _stock(conn: AsyncConnection, item_id: int) -> Stock | None:
