@@ -42,13 +42,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from benchmarks.harness import run_on_private_redis
 from seckill.domain.ids import OrderIds
+from seckill.domain.items import NewItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.database import create_database, drop_database, open_database
-from seckill.store.ledger import Ledger, NewItem
+from seckill.store.ledger import Ledger
 from seckill.store.migrate import upgrade
 from seckill.store.tables import Order
 from seckill.workers.persister import GROUP, Persister, PersisterConfig

@@ -18,12 +18,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from seckill.domain.items import SaleItem
+from seckill.domain.items import NewItem, SaleItem
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer, bundled_redis_server, server_version
 from seckill.store.database import create_database, drop_database, open_database
-from seckill.store.ledger import Ledger, NewItem
+from seckill.store.ledger import Ledger
 from seckill.store.migrate import upgrade
 from seckill.store.tables import Base
 

@@ -240,7 +240,7 @@ def item_create(
     hold_seconds: int = typer.Option(300, min=1, help="Time a buyer has to pay."),
 ) -> None:
     """Create an item in the database (warm it to put it on sale)."""
-    from seckill.store.ledger import NewItem
+    from seckill.domain.items import NewItem
 
     start = _when(starts_at, "--starts-at") if starts_at else datetime.now(UTC)
     end = _when(ends_at, "--ends-at") if ends_at else start + timedelta(hours=1)

@@ -10,9 +10,10 @@ from redis.asyncio import Redis
 from sqlalchemy import insert
 
 from seckill.domain.ids import OrderIds
+from seckill.domain.items import NewItem
 from seckill.engine.engine import RedisEngine
 from seckill.redis_server import RedisServer
-from seckill.store.ledger import Ledger, NewItem
+from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Item
 from seckill.workers.persister import Persister, PersisterConfig, stream_drained
 from tests.conftest import new_item, open_item

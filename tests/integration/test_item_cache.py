@@ -25,6 +25,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import event, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from seckill.domain.items import ItemRecord, NewItem
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import item_card_key, item_card_lock_key
@@ -33,7 +34,7 @@ from seckill.redis_server import RedisServer
 from seckill.services.item_cache import ItemCache, ItemSource
 from seckill.services.items import UnknownItem, item_on_sale, warm_item
 from seckill.store.database import open_database
-from seckill.store.ledger import ItemRecord, Ledger, NewItem
+from seckill.store.ledger import Ledger
 from seckill.store.tables import Item
 from tests.conftest import new_item
 from tests.seckill_cli import seckill

@@ -18,11 +18,12 @@ from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.domain.holds import ReleaseReason
 from seckill.domain.items import Stock
 from seckill.domain.outcomes import Outcome
+from seckill.domain.times import ms_to_datetime
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.records import compare_records
 from seckill.store.database import is_transient, open_database
 from seckill.store.ledger import Ledger
-from seckill.store.tables import Base, Inventory, Order, ms_to_datetime
+from seckill.store.tables import Base, Inventory, Order
 from tests.conftest import ManualClock, new_item
 
 _positions = itertools.count(1)

@@ -19,10 +19,9 @@ from seckill.api.schemas import (
     NewItemIn,
     WarmOut,
 )
-from seckill.domain.items import Stock
+from seckill.domain.items import NewItem, Stock
 from seckill.reconcile.records import audit_records
 from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
-from seckill.store.ledger import NewItem
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 Ctx = Annotated[Context, Depends(context)]

@@ -36,6 +36,7 @@ from seckill.api.metrics import PURCHASE_ROUTE, record_request
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
 from seckill.api.request_ids import request_id_from
 from seckill.api.schemas import BuyIn, ReservationOut
+from seckill.domain.orders import OrderStatus
 from seckill.observability import metrics
 from seckill.observability.logs import REQUEST_ID
 from seckill.security.tickets import TICKET_HEADER
@@ -151,7 +152,7 @@ class PurchaseRoute:
             order_id=str(reservation.order_id),
             item_id=item_id,
             quantity=quantity,
-            status="held",
+            status=OrderStatus.HELD,
             pay_before=ms_to_datetime(reservation.deadline_ms),
         )
         return Answer(202, held.model_dump_json().encode(), "reserved", [])

@@ -11,11 +11,15 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from seckill.domain.orders import OrderStatus
 from seckill.domain.rules import MAX_QUANTITY
 
 OrderId = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,18}$")]
 Token = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")]  # visible ASCII
-OrderStatus = Literal["held", "paid", "released", "refund_required"]
+# The enum's values inline, as a Literal: the enum itself would become a schema component.
+OrderStatusLiteral = Literal[
+    OrderStatus.HELD, OrderStatus.PAID, OrderStatus.RELEASED, OrderStatus.REFUND_REQUIRED
+]
 
 
 def _text_only(value: object) -> object:
@@ -98,7 +102,7 @@ class ReservationOut(BaseModel):
     order_id: OrderId
     item_id: int
     quantity: int
-    status: Literal["held"]
+    status: Literal[OrderStatus.HELD]
     pay_before: datetime
 
 
@@ -106,7 +110,7 @@ class OrderOut(BaseModel):
     order_id: OrderId
     item_id: int
     quantity: int
-    status: OrderStatus
+    status: OrderStatusLiteral
     release_reason: Literal["cancelled", "expired", "payment_failed"] | None
     pay_before: datetime | None
 
@@ -121,7 +125,7 @@ class PaymentOut(BaseModel):
     payment_id: str
     order_id: OrderId
     outcome: Literal["paid", "already_paid", "refund_required", "released", "already_released"]
-    order_status: OrderStatus
+    order_status: OrderStatusLiteral
     refund_required: bool
     replayed: bool
 

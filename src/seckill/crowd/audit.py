@@ -17,11 +17,14 @@ from typing import Any
 from seckill.crowd.client import ApiClient
 from seckill.crowd.crowd import CrowdLog, CrowdOrder
 from seckill.crowd.plan import CrowdPlan
+from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
 from seckill.engine.audit import Check
 from seckill.store.database import open_database
-from seckill.store.ledger import ItemBook, Ledger
+from seckill.store.ledger import Ledger
+from seckill.store.records import ItemBook
 
-LIVE = frozenset({"held", "paid"})  # statuses whose units count against the buyer's limit
+# Statuses whose units count against the buyer's limit.
+LIVE = frozenset({OrderStatus.HELD, OrderStatus.PAID})
 _SHOWN = 3  # ids named in a detail
 
 
@@ -103,7 +106,7 @@ def _balanced(stock: dict[str, int]) -> bool:
 
 def _not_oversold(plan: CrowdPlan, orders: list[CrowdOrder], end: SaleEnd) -> Check:
     sides = _sides(end)
-    paid = _units(orders, {"paid"})
+    paid = _units(orders, {OrderStatus.PAID})
     ok = len(sides) == 2 and paid <= plan.units
     details = []
     for name, stock in sides.items():
@@ -162,7 +165,7 @@ def _as_told(order: CrowdOrder, status: str, reason: str | None) -> bool:
     """The status the crowd was last told, and the release's reason when it was told one."""
     if status != order.status:
         return False
-    return order.status != "released" or order.release_reason in (None, reason)
+    return order.status != OrderStatus.RELEASED or order.release_reason in (None, reason)
 
 
 def _no_duplicates(log: CrowdLog, orders: list[CrowdOrder], end: SaleEnd) -> Check:
@@ -185,7 +188,7 @@ def _no_duplicates(log: CrowdLog, orders: list[CrowdOrder], end: SaleEnd) -> Che
 
 
 def _payments_once(orders: list[CrowdOrder], end: SaleEnd) -> Check:
-    paid = _units(orders, {"paid"})
+    paid = _units(orders, {OrderStatus.PAID})
     sold = {name: stock["sold"] for name, stock in _sides(end).items()}
     ok = len(sold) == 2 and all(n == paid for n in sold.values())
     shown = ", ".join(f"{name} sold {n}" for name, n in sold.items())
@@ -195,9 +198,9 @@ def _payments_once(orders: list[CrowdOrder], end: SaleEnd) -> Check:
 def _released_units(orders: list[CrowdOrder], end: SaleEnd) -> Check:
     came_back = Counter[str]()
     for order in orders:
-        if order.status in {"released", "refund_required"}:
+        if order.status in RELEASED_STATUSES:
             came_back[order.release_reason or "refund"] += order.quantity
-    late = sum(o.quantity for o in orders if o.wave == 2 and o.status == "paid")
+    late = sum(o.quantity for o in orders if o.wave == 2 and o.status == OrderStatus.PAID)
     sides = _sides(end)
     ok = bool(sides) and all(s["held"] == 0 and _balanced(s) for s in sides.values())
     back = end.back_on_sale and end.back_on_sale.get("redis")

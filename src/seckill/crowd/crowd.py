@@ -20,6 +20,7 @@ from typing import Any
 
 from seckill.crowd.client import TRANSPORT_ERROR, ApiClient, Reply
 from seckill.crowd.plan import CrowdPlan, Fate
+from seckill.domain.orders import OrderStatus
 
 RESERVED = "reserved"
 _ATTEMPTS = 3  # sends of one idempotent request that got no answer
@@ -44,7 +45,7 @@ class CrowdOrder:
     quantity: int
     fate: Fate
     wave: int
-    status: str = "held"
+    status: str = OrderStatus.HELD
     release_reason: str | None = None
 
 
@@ -156,7 +157,7 @@ class Crowd:
     async def _settle(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
         client, oid = self.client, order.order_id
         if order.fate is Fate.EXPIRE:
-            order.status, order.release_reason = "released", "expired"
+            order.status, order.release_reason = OrderStatus.RELEASED, "expired"
             return
         if order.fate is Fate.CANCEL:
             answer = await self._send("cancel", lambda: client.cancel(order.buyer, oid))

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from seckill.domain.holds import ReleaseReason
+
+class ReleaseReason(StrEnum):
+    """Why a hold gave its stock back: the reason a ``released`` event carries (defined here,
+    below holds and orders, which both build on events)."""
+
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    PAYMENT_FAILED = "payment_failed"
 
 
 class EventKind(StrEnum):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from seckill.domain.events import ReleaseReason as ReleaseReason  # re-exported: a hold's reason
+from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import Outcome
 
 
@@ -14,14 +16,6 @@ class HoldState(StrEnum):
     HELD = "held"
     PAID = "paid"
     RELEASED = "released"
-
-
-class ReleaseReason(StrEnum):
-    """Why a hold gave its stock back."""
-
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-    PAYMENT_FAILED = "payment_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +32,10 @@ class Hold:
     refund_required: bool = False
 
     @property
-    def order_status(self) -> str:
+    def order_status(self) -> OrderStatus:
         """The order's status in the words of the orders table: a released hold paid for after
         all is ``refund_required``."""
-        return "refund_required" if self.refund_required else self.state.value
+        return OrderStatus.REFUND_REQUIRED if self.refund_required else OrderStatus(self.state)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,17 @@
-"""Sale items and their stock counters."""
+"""Sale items and their stock counters: as an admin creates them, as SQL records them, and as
+the engine sells them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from seckill.domain import rules
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
+from seckill.domain.times import datetime_to_ms
+
+# The counters' names, in Stock's order: Redis hash fields and inventory columns alike.
+STOCK_FIELDS = ("total", "available", "held", "sold")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,3 +53,56 @@ class Stock:
     def balanced(self) -> bool:
         parts = (self.available, self.held, self.sold)
         return all(p >= 0 for p in parts) and sum(parts) == self.total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewItem:
+    """An item to put on sale, as an admin describes it. Construction validates."""
+
+    name: str
+    price_cents: int
+    total: int
+    starts_at: datetime
+    ends_at: datetime
+    per_buyer_limit: int
+    hold_seconds: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= 200:
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "name must be 1 to 200 characters")
+        if not isinstance(self.price_cents, int) or self.price_cents < 0:
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "price must be whole cents >= 0")
+        if self.starts_at.tzinfo is None or self.ends_at.tzinfo is None:
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "sale window times need a time zone")
+        rules.check_sale_item(
+            total=self.total,
+            starts_at_ms=datetime_to_ms(self.starts_at),
+            ends_at_ms=datetime_to_ms(self.ends_at),
+            per_buyer_limit=self.per_buyer_limit,
+            hold_ms=self.hold_seconds * 1000 if isinstance(self.hold_seconds, int) else None,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemRecord:
+    """An item as SQL records it: what buyers see, and what warming loads."""
+
+    item_id: int
+    name: str
+    price_cents: int
+    total: int
+    starts_at: datetime
+    ends_at: datetime
+    per_buyer_limit: int
+    hold_seconds: int
+
+    def sale_item(self) -> SaleItem:
+        """The item as the engine sells it: times in milliseconds."""
+        return SaleItem(
+            item_id=self.item_id,
+            total=self.total,
+            starts_at_ms=datetime_to_ms(self.starts_at),
+            ends_at_ms=datetime_to_ms(self.ends_at),
+            per_buyer_limit=self.per_buyer_limit,
+            hold_ms=self.hold_seconds * 1000,
+        )

@@ -22,7 +22,7 @@ from seckill.domain.holds import (
     ReleaseReason,
     Reservation,
 )
-from seckill.domain.items import SaleItem, Stock
+from seckill.domain.items import STOCK_FIELDS, SaleItem, Stock
 from seckill.domain.outcomes import Outcome
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
 from seckill.engine.scripts import ScriptName, Scripts
@@ -88,7 +88,6 @@ class Recovery:
 
 
 _REPAIR_BATCH = 1_000
-_STOCK_FIELDS = ("total", "available", "held", "sold")
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
 
 
@@ -355,7 +354,7 @@ class RedisEngine:
 
     async def stock(self, item_id: int) -> Stock | None:
         """The item's counters, read in one command (so they are consistent), or None."""
-        values = await self._hmget(self.keys(item_id).item, _STOCK_FIELDS)
+        values = await self._hmget(self.keys(item_id).item, STOCK_FIELDS)
         return None if values is None else Stock(*values)
 
     async def hold(self, item_id: int, order_id: int) -> Hold | None:
@@ -419,7 +418,7 @@ class RedisEngine:
             item=SaleItem(item_id=item_id, **{f: int(item[f]) for f in _ITEM_FIELDS})
             if complete
             else None,
-            stock=Stock(*(int(item[f]) for f in _STOCK_FIELDS)) if complete else None,
+            stock=Stock(*(int(item[f]) for f in STOCK_FIELDS)) if complete else None,
             holds={int(k): _hold(int(k), v) for k, v in cast(dict[str, str], holds).items()},
             buyers={b: int(n) for b, n in cast(dict[str, str], buyers).items()},
             deadlines={int(o): int(score) for o, score in deadlines},

@@ -10,8 +10,9 @@ event id it had generated), so:
 - an event after P that SQL already landed happened after the Redis snapshot: SQL is read as of
   P by leaving those out.
 
-So per order: fold SQL's journal up to P and the in-flight events through the ledger's own
-transitions, and the status must be the hold's in Redis. Whatever does not fold is drift.
+So per order: fold SQL's journal up to P and the in-flight events through the same transitions
+SQL lands by (``domain.orders``), and the status must be the hold's in Redis. Whatever does not
+fold is drift.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from enum import StrEnum
 
 from seckill.domain.events import BadEvent, EventKind, stream_position
 from seckill.domain.holds import Hold
+from seckill.domain.orders import TRANSITIONS, OrderStatus, status_after
 from seckill.engine.audit import audit_snapshot
 from seckill.engine.engine import ItemSnapshot
-from seckill.store.ledger import TRANSITIONS, ItemBook, JournalRow, LandedOrder, status_after
+from seckill.store.records import ItemBook, JournalRow, LandedOrder
 
 Position = tuple[int, int]
 
@@ -69,14 +71,14 @@ class Finding:
     order_id: int | None = None
 
 
-def _later_statuses() -> dict[str | None, frozenset[str]]:
-    """Each status and every status an order can reach from it, from the ledger's transitions."""
-    steps: dict[str | None, set[str]] = defaultdict(set)
+def _later_statuses() -> dict[OrderStatus | None, frozenset[OrderStatus]]:
+    """Each status and every status an order can reach from it, by the order transitions."""
+    steps: dict[OrderStatus | None, set[OrderStatus]] = defaultdict(set)
     for (before, _), (after, _) in TRANSITIONS.items():
         steps[before].add(after)
-    reach: dict[str | None, frozenset[str]] = {}
+    reach: dict[OrderStatus | None, frozenset[OrderStatus]] = {}
     for start in [None, *{after for after, _ in TRANSITIONS.values()}]:
-        seen: set[str] = set()
+        seen: set[OrderStatus] = set()
         todo = list(steps[start])
         while todo:
             status = todo.pop()
@@ -90,9 +92,9 @@ def _later_statuses() -> dict[str | None, frozenset[str]]:
 LATER = _later_statuses()
 
 
-def fold(kinds: list[tuple[Position, EventKind]]) -> str | None:
+def fold(kinds: list[tuple[Position, EventKind]]) -> OrderStatus | None:
     """An order's status after these events, applied in stream order."""
-    status: str | None = None
+    status: OrderStatus | None = None
     for _, kind in sorted(kinds):
         status = status_after(status, kind)
     return status
@@ -240,14 +242,14 @@ def _redis_counter_findings(snapshot: ItemSnapshot) -> list[Finding]:
 def _sql_findings(book: ItemBook) -> list[Finding]:
     if book.stock is None:
         return []
-    units = Counter[str]()
+    units = Counter[OrderStatus]()
     for order in book.orders.values():
         units[order.status] += order.quantity
-    stock = book.stock
-    if (stock.held, stock.sold) == (units["held"], units["paid"]) and stock.balanced:
+    stock, held, paid = book.stock, units[OrderStatus.HELD], units[OrderStatus.PAID]
+    if (stock.held, stock.sold) == (held, paid) and stock.balanced:
         return []
     counters = f"held {stock.held}, sold {stock.sold}, available {stock.available} of {stock.total}"
-    orders = f"its orders hold {units['held']} and paid {units['paid']}"
+    orders = f"its orders hold {held} and paid {paid}"
     return [Finding(Drift.SQL_COUNTERS, "inventory", "-", counters, orders)]
 
 

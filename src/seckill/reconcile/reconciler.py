@@ -38,7 +38,8 @@ from seckill.engine.keys import items_registry
 from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold
 from seckill.reconcile.recovery import recover_item
 from seckill.services.items import warm_item
-from seckill.store.ledger import ItemBook, Ledger, RepairRecord
+from seckill.store.ledger import Ledger
+from seckill.store.records import ItemBook, RepairRecord
 
 log = logging.getLogger(__name__)
 

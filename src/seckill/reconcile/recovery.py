@@ -14,10 +14,10 @@ notice for a paid order still finds it paid).
 from __future__ import annotations
 
 from seckill.domain.events import stream_position
+from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RecoveredOrder, Recovery, RedisEngine
 from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
-from seckill.store.tables import datetime_to_ms
 
 
 async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recovery:

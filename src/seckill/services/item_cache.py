@@ -40,11 +40,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from seckill.config import Settings
+from seckill.domain.items import ItemRecord
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
 from seckill.engine.leases import Lease
 from seckill.observability import metrics
-from seckill.store.ledger import ItemRecord
 from seckill.store.tables import datetime_to_ms
 
 log = logging.getLogger(__name__)

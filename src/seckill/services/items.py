@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from seckill.domain.items import Stock
+from seckill.domain.items import ItemRecord, Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.services.item_cache import ItemCache
-from seckill.store.ledger import ItemRecord, Ledger
+from seckill.store.ledger import Ledger
 from seckill.workers.persister import backlog
 
 
