@@ -145,10 +145,7 @@ _PORT = typer.Option(None, min=0, max=65535, help=f"Port ({_setting_default('api
 
 @app.command()
 def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
-    """Run the API and every worker (persister, reaper, reconciler) in one process.
-
-    Runs until SIGTERM.
-    """
+    """Run the API and all workers (persister, reaper, reconciler) in one process until SIGTERM."""
     settings = _overridden(_start_process(), api_host=host, api_port=port)
     _run(settings, api=True, workers=("persister", "reaper", "reconciler"))
 
@@ -221,10 +218,7 @@ def worker_reaper(
         help=f"Seconds between passes ({_setting_default('reaper_interval_seconds')}).",
     ),
 ) -> None:
-    """Release holds past their deadline, every interval, until SIGTERM.
-
-    Replicas are safe.
-    """
+    """Release holds past their deadline, every interval, until SIGTERM (replicas are safe)."""
     settings = _overridden(_start_process(), reaper_interval_seconds=interval)
     _run(settings, api=False, workers=("reaper",))
 
@@ -474,10 +468,9 @@ def demo(
     concurrency: int = _CONCURRENCY,
     report_dir: Path = _REPORT_DIR,
 ) -> None:
-    """A live flash sale on embedded defaults, rushed by a crowd over HTTP.
+    """A live flash sale on embedded defaults, rushed by a crowd over HTTP, and its verdict.
 
-    Starts the API and workers, sends the crowd, and prints the verdict (exit 1 if any check
-    fails).
+    Exit 1 if any check fails.
     """
     from seckill.demo import run_demo
 
