@@ -9,17 +9,24 @@ it left, reading SQL directly as well.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rich.console import Console
+
 from seckill.config import Settings
+from seckill.crowd.client import Credentials
+from seckill.crowd.plan import CrowdPlan
+from seckill.crowd.rehearsal import rehearse
 
 STARTUP_LIMIT_S = 60
 STOP_LIMIT_S = 30
@@ -28,6 +35,26 @@ _LISTENING = re.compile(r"API on (http://\S+) ")
 
 class ServerFailed(RuntimeError):
     """The demo's server did not start; the message carries the end of its log."""
+
+
+def run_demo(plan: CrowdPlan, *, report_dir: Path, console: Console) -> bool:
+    """Serve on a throwaway data directory, rush it with ``plan``'s crowd, audit what it left;
+    True if every verdict passes. Raises ServerFailed if the server did not start."""
+    # The demo's data directory is throwaway: it never touches the real one.
+    with (
+        tempfile.TemporaryDirectory(prefix="seckill-demo-") as scratch,
+        contextlib.ExitStack() as stack,
+    ):
+        settings = demo_settings(Path(scratch))
+        with console.status("starting seckill serve: API, persister, reaper, reconciler"):
+            url = stack.enter_context(serving(settings.data_dir))
+        console.print(f"seckill serve is up on {url}; the crowd rushes in")
+        credentials = Credentials.from_settings(settings)
+        rehearsal = rehearse(
+            url, plan, credentials, kind="demo", console=console,
+            database_url=settings.effective_database_url, report_dir=report_dir,
+        )  # fmt: skip
+        return asyncio.run(rehearsal).result["passed"]
 
 
 def demo_settings(data_dir: Path) -> Settings:

@@ -19,9 +19,10 @@ from seckill.api.schemas import (
     NewItemIn,
     WarmOut,
 )
-from seckill.domain.items import NewItem, Stock
+from seckill.domain.items import Stock
 from seckill.reconcile.records import audit_records
 from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
+from seckill.services.items import create_item as create_item_service
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 Ctx = Annotated[Context, Depends(context)]
@@ -32,20 +33,12 @@ Ctx = Annotated[Context, Depends(context)]
 )
 async def create_item(body: NewItemIn, _: AdminIdentity, ctx: Ctx) -> ItemOut:
     """Put an item in the record (SQL). It goes on sale once warmed."""
-    settings = ctx.runtime.settings
-    item_id = await ctx.runtime.ledger.create_item(
-        NewItem(
-            name=body.name,
-            price_cents=body.price_cents,
-            total=body.total,
-            starts_at=body.starts_at,
-            ends_at=body.ends_at,
-            per_buyer_limit=body.per_buyer_limit or settings.per_buyer_limit,
-            hold_seconds=body.hold_seconds or settings.hold_seconds,
-        )
-    )
-    # Its card is written now: the id may have been cached as absent a moment ago.
-    await ctx.item_cache.refresh(item_id)
+    item_id = await create_item_service(
+        ctx.runtime.ledger, ctx.item_cache, ctx.runtime.settings,
+        name=body.name, price_cents=body.price_cents, total=body.total,
+        starts_at=body.starts_at, ends_at=body.ends_at,
+        per_buyer_limit=body.per_buyer_limit, hold_seconds=body.hold_seconds,
+    )  # fmt: skip
     return item_out(await item_on_sale(ctx.item_cache, item_id))
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from seckill.domain.items import ItemRecord, Stock
+from seckill.config import Settings
+from seckill.domain.items import ItemRecord, NewItem, Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.services.item_cache import ItemCache
@@ -15,6 +16,44 @@ from seckill.workers.persister import backlog
 
 class UnknownItem(LookupError):
     pass
+
+
+async def create_item(
+    ledger: Ledger,
+    cache: ItemCache,
+    settings: Settings,
+    *,
+    name: str,
+    price_cents: int,
+    total: int,
+    starts_at: datetime,
+    ends_at: datetime,
+    per_buyer_limit: int | None = None,
+    hold_seconds: int | None = None,
+) -> int:
+    """Put an item in the record (SQL) and write its card; it goes on sale once warmed.
+
+    A per-buyer limit or hold time left out is the settings' (SECKILL_PER_BUYER_LIMIT,
+    SECKILL_HOLD_SECONDS). Returns the new item's id.
+    """
+    if per_buyer_limit is None:
+        per_buyer_limit = settings.per_buyer_limit
+    if hold_seconds is None:
+        hold_seconds = settings.hold_seconds
+    item_id = await ledger.create_item(
+        NewItem(
+            name=name,
+            price_cents=price_cents,
+            total=total,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            per_buyer_limit=per_buyer_limit,
+            hold_seconds=hold_seconds,
+        )
+    )
+    # Its card is written now: the id may have been cached as absent a moment ago.
+    await cache.refresh(item_id)
+    return item_id
 
 
 async def warm_item(

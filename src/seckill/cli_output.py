@@ -1,0 +1,119 @@
+"""How ``seckill`` shows its answers: the tables and reports its commands print.
+
+Kept apart from ``cli.py`` so that the command file reads as what each command does (parse,
+call one service, print), while the rows and columns of what it prints live here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.table import Table
+
+from seckill.domain.outcomes import ErrorCode
+
+if TYPE_CHECKING:
+    from seckill.domain.items import Stock
+    from seckill.reconcile.reconciler import ItemReport
+    from seckill.services.dead_letters import Replay
+    from seckill.services.items import WarmedItem
+    from seckill.store.records import DeadLetterRecord
+
+
+def print_warmed(console: Console, warmed: Sequence[WarmedItem]) -> bool:
+    """One row per item warmed; False if the engine refused one (other than keeping an item
+    already selling)."""
+    table = Table(title=f"Warmed {len(warmed)} item(s) whose sale has not ended")
+    for column in ("item", "name", "starts at", "ends at", "redis", "card expires in"):
+        table.add_column(column)
+    refused = False
+    for w in warmed:
+        r = w.record
+        redis = w.outcome.value
+        if w.outcome is ErrorCode.ITEM_ACTIVE:
+            redis = "kept (item_active: holds or sales)"
+        elif isinstance(w.outcome, ErrorCode):
+            redis, refused = f"[red]{w.outcome.value}[/]", True
+        table.add_row(
+            str(r.item_id), r.name, r.starts_at.isoformat(timespec="seconds"),
+            r.ends_at.isoformat(timespec="seconds"), redis, _ttl(w.card_ttl_ms),
+        )  # fmt: skip
+    console.print(table)
+    return not refused
+
+
+def _ttl(ms: int | None) -> str:
+    if ms is None:
+        return "[red]no card[/]"
+    return "never" if ms < 0 else str(timedelta(seconds=ms // 1000))
+
+
+def report_json(report: ItemReport) -> dict[str, object]:
+    """A reconciler's report on one item, as ``seckill reconcile --json`` prints it."""
+
+    def stock(s: Stock | None) -> dict[str, int] | None:
+        return None if s is None else dataclasses.asdict(s)
+
+    return {
+        "item_id": report.item_id,
+        "position": report.position,
+        "redis": stock(report.redis_stock),
+        "sql": stock(report.sql_stock),
+        "drift": bool(report.left),
+        "found": [dataclasses.asdict(f) for f in report.found],
+        "repairs": [dataclasses.asdict(r) for r in report.repairs],
+        "left": [dataclasses.asdict(f) for f in report.left],
+    }
+
+
+def print_report(console: Console, report: ItemReport) -> None:
+    """A reconciler's report on one item: the verdict, then what was found and repaired."""
+
+    def stock(s: Stock | None) -> str:
+        return "-" if s is None else f"{s.available} / {s.held} / {s.sold} of {s.total}"
+
+    verdict = "[red]drift[/]" if report.left else "[green]agree[/]"
+    console.print(
+        f"item {report.item_id}: {verdict} as of stream position {report.position}; "
+        f"available / held / sold: Redis {stock(report.redis_stock)}, SQL {stock(report.sql_stock)}"
+    )
+    if report.found:
+        table = Table(title=f"item {report.item_id}: found")
+        for column in ("kind", "subject", "Redis", "SQL", "detail"):
+            table.add_column(column)
+        for f in report.found:
+            table.add_row(f.kind, f.subject, f.redis, f.sql, f.detail)
+        console.print(table)
+    if report.repairs:
+        table = Table(title=f"item {report.item_id}: repaired (journaled)")
+        for column in ("kind", "subject", "action", "detail"):
+            table.add_column(column)
+        for r in report.repairs:
+            table.add_row(r.kind, r.subject, r.action, r.detail)
+        console.print(table)
+
+
+def print_dead_letters(console: Console, letters: Sequence[DeadLetterRecord]) -> None:
+    """One row per dead letter, with its error and when it was replayed."""
+    table = Table(title="Dead letters")
+    for column in ("id", "stream", "entry", "deliveries", "error", "replayed"):
+        table.add_column(column)
+    for d in letters:
+        replayed = d.replayed_at.isoformat(timespec="seconds") if d.replayed_at else ""
+        table.add_row(str(d.id), d.stream, d.entry_id, str(d.deliveries), d.error, replayed)
+    console.print(table)
+
+
+def print_replay(console: Console, replay: Replay) -> None:
+    """The ids that were not pending, then one line per dead letter tried."""
+    for dead_id in replay.missing:
+        console.print(f"[red]{dead_id}[/]: no pending dead letter with this id")
+    for letter in replay.letters:
+        if letter.refused is None:
+            console.print(f"[green]{letter.dead_letter_id}[/]: landed")
+        else:
+            console.print(f"[red]{letter.dead_letter_id}[/]: still cannot land: {letter.refused}")
