@@ -8,9 +8,9 @@ from datetime import datetime
 from seckill.domain.items import Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.streams import backlog
 from seckill.services.item_cache import ItemCache
 from seckill.store.ledger import ItemRecord, Ledger
-from seckill.workers.persister import backlog
 
 
 class UnknownItem(LookupError):
