@@ -46,13 +46,14 @@ from seckill.domain.items import NewItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
+from seckill.engine.streams import GROUP
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.database import create_database, drop_database, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.migrate import upgrade
 from seckill.store.tables import Order
-from seckill.workers.persister import GROUP, Persister, PersisterConfig
+from seckill.workers.persister import Persister, PersisterConfig
 
 DEFAULT_URL = "mysql+asyncmy://root@127.0.0.1:3306/test"
 IDEMPOTENCY_TTL_MS = 3_600_000

@@ -77,7 +77,7 @@ def build_worker(
             repair=settings.reconcile_repair,
         )
         return reconciler, settings.reconcile_interval_seconds
-    reaper = Reaper(redis=runtime.redis, engine=runtime.engine, prefix=prefix)
+    reaper = Reaper(engine=runtime.engine)
     return reaper, runtime.settings.reaper_interval_seconds
 
 

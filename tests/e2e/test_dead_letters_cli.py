@@ -12,10 +12,11 @@ from sqlalchemy import insert
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
 from seckill.engine.engine import RedisEngine
+from seckill.engine.streams import stream_drained
 from seckill.redis_server import RedisServer
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Item
-from seckill.workers.persister import Persister, PersisterConfig, stream_drained
+from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import new_item, open_item
 from tests.seckill_cli import seckill
 

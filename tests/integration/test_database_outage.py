@@ -23,11 +23,12 @@ from seckill.domain.holds import HoldState, ReleaseReason, Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.streams import GROUP, stream_drained
 from seckill.services.items import warm_item
 from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
-from seckill.workers.persister import GROUP, Persister, PersisterConfig, stream_drained
+from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import SERVER_BACKENDS, new_item
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
 from tests.polling import wait_until

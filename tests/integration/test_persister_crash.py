@@ -28,11 +28,11 @@ from seckill.domain.holds import HoldState, ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.streams import GROUP, stream_drained
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order, StockFlow
-from seckill.workers.persister import GROUP, stream_drained
 from tests.conftest import new_item
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
 from tests.polling import wait_until

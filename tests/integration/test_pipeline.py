@@ -15,10 +15,11 @@ from seckill.domain.events import decode_event
 from seckill.domain.holds import HoldState, ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
+from seckill.engine.streams import GROUP, stream_drained
 from seckill.reconcile.records import compare_records
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
-from seckill.workers.persister import GROUP, Persister, PersisterConfig, stream_drained
+from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import new_item
 
 FAST = PersisterConfig(batch_size=200, block_ms=50, claim_idle_ms=200, trim_every_s=0.2)

@@ -38,7 +38,7 @@ async def test_only_holds_past_their_deadline_are_released(
     early = await hold_many(timed_engine, 1, 10, ids)
     clock.advance(5_000)
     late = await hold_many(timed_engine, 1, 10, ids, buyers="late")
-    reaper = Reaper(redis=redis, engine=timed_engine, batch=3)  # several batches per pass
+    reaper = Reaper(engine=timed_engine, batch=3)  # several batches per pass
 
     assert await reaper.run_once() == 0
     clock.advance(5_000)  # the first ten are due, exactly at their deadline
@@ -58,7 +58,7 @@ async def test_every_item_is_reaped(
         await timed_engine.load_item(open_item(item_id, total=5, hold_ms=1_000))
         await hold_many(timed_engine, item_id, 5, ids)
     clock.advance(1_000)
-    assert await Reaper(redis=redis, engine=timed_engine).run_once() == 15
+    assert await Reaper(engine=timed_engine).run_once() == 15
     for item_id in (1, 2, 3):
         stock = await timed_engine.stock(item_id)
         assert stock is not None and (stock.available, stock.held) == (5, 0)
@@ -71,7 +71,7 @@ async def test_reapers_side_by_side_release_each_hold_once(
     await timed_engine.load_item(open_item(1, total=2_000, hold_ms=1_000))
     await hold_many(timed_engine, 1, 2_000, ids)
     clock.advance(1_000)
-    reapers = [Reaper(redis=redis, engine=timed_engine, batch=50) for _ in range(4)]
+    reapers = [Reaper(engine=timed_engine, batch=50) for _ in range(4)]
     released = await asyncio.gather(*(r.run_once() for r in reapers))
     assert sum(released) == 2_000  # shared, never doubled
     kinds = Counter(fields["event"] for _, fields in await timed_engine.events(1))

@@ -42,7 +42,6 @@ class Context:
                 redis=runtime.redis,
                 engine=runtime.engine,
                 ledger=runtime.ledger,
-                prefix=settings.key_prefix,
             ),
             item_cache=ItemCache.from_settings(
                 settings, engine=runtime.engine, source=runtime.ledger

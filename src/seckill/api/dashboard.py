@@ -23,8 +23,8 @@ from seckill.api.auth import AdminIdentity
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
 from seckill.api.schemas import Counters
-from seckill.observability.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot
 from seckill.pages import inline, static_text, uplot_fields
+from seckill.services.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot
 
 router = APIRouter()
 Ctx = Annotated[Context, Depends(context)]

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from seckill.api.admission import PURCHASE_PATH
 from seckill.api.context import Context, context
 from seckill.domain.outcomes import Outcome
+from seckill.engine.streams import refresh_stream_gauges
 from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,8 @@ _MAX_ERROR_BODY = 4096  # our error bodies are small; anything longer is not one
 @router.get("/metrics", include_in_schema=False)
 async def scrape(ctx: Annotated[Context, Depends(context)]) -> Response:
     """Every metric in Prometheus's text format, the stream gauges read from Redis now."""
-    runtime = ctx.runtime
     try:
-        await metrics.refresh_stream_gauges(runtime.redis, runtime.settings.key_prefix)
+        await refresh_stream_gauges(ctx.runtime.engine)
     except RedisError as exc:  # the rest is still worth a scrape; the stream gauges keep their last
         log.warning("stream gauges not refreshed: %s", exc)
     return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)

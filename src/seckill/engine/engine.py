@@ -91,6 +91,13 @@ _REPAIR_BATCH = 1_000
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
 
 
+async def registered_items(redis: Redis, prefix: str = DEFAULT_PREFIX) -> list[int]:
+    """Every item ever loaded, ascending: the one read of the items registry, for a worker that
+    holds a connection rather than an engine (others ask ``RedisEngine.item_ids``)."""
+    members = cast(set[str], await redis.smembers(items_registry(prefix)))
+    return sorted(int(m) for m in members)
+
+
 class RedisEngine:
     """Sells items held in one Redis (or one cluster slot per item).
 
@@ -138,6 +145,14 @@ class RedisEngine:
 
     def keys(self, item_id: int) -> ItemKeys:
         return item_keys(item_id, self._prefix)
+
+    async def item_ids(self) -> list[int]:
+        """Every item ever loaded into this Redis, ascending (the items registry)."""
+        return await registered_items(self._redis, self._prefix)
+
+    async def item_count(self) -> int:
+        """How many items the registry holds, without reading them."""
+        return int(await self._redis.scard(items_registry(self._prefix)))
 
     def _now(self) -> str:
         return "" if self._clock is None else str(self._clock())

@@ -1,1 +1,1 @@
-"""What an operator sees: Prometheus metrics, structured logs with a request id, the dashboard."""
+"""What an operator sees: Prometheus metric definitions, structured logs with a request id."""

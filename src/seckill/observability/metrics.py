@@ -2,8 +2,9 @@
 
 Code that counts something imports this module and touches the metric where the thing happens
 (``metrics.SOLD_OUT_FLAG_HITS.inc()``): an in-process increment, never a round trip. The one
-exception are the stream gauges, which ``refresh_stream_gauges`` reads from Redis when
-``/metrics`` is scraped.
+exception are the stream gauges, which ``seckill.engine.streams.refresh_stream_gauges`` reads
+from Redis when ``/metrics`` is scraped. Nothing here reads Redis or imports the engine: the
+metrics are the floor every other module may count on.
 
 Names follow Prometheus conventions: a ``seckill_`` prefix, ``_total`` on counters, base units
 (``_seconds``). Every label has a bounded set of values: HTTP routes are route templates, never
@@ -30,10 +31,6 @@ from typing import Any, cast
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client import values as _values
-from redis.asyncio import Redis
-
-from seckill.domain.events import stream_position
-from seckill.engine.keys import DEFAULT_PREFIX, item_keys, items_registry
 
 # -- HTTP (the ASGI middleware in seckill.api.metrics) -------------------------------------------
 
@@ -79,8 +76,8 @@ STREAM_PENDING = Gauge(
 STREAM_LAG = Gauge(
     "seckill_stream_lag",
     "Entries of the item's stream not delivered to the consumer group yet, at the last scrape. "
-    "Exact on Redis 7 (its `lag`); an estimate on Redis 6.2: 0 once the group has been "
-    "delivered the newest entry, else XLEN minus pending (an upper bound).",
+    "Exact on Redis 7 (its `lag`); on Redis 6.2, which keeps none, the entries after the "
+    "group's last delivered one, counted up to a cap.",
     ["item", "group"],
     multiprocess_mode="mostrecent",
 )
@@ -189,46 +186,3 @@ def record_reconciler_pass(kinds: Iterable[str], found: Iterable[str]) -> None:
         RECONCILER_DRIFT.labels(kind=kind).set(counts[kind])
     RECONCILER_PASSES.inc()
     RECONCILER_LAST_PASS.set(time.time())
-
-
-async def refresh_stream_gauges(redis: Redis, prefix: str = DEFAULT_PREFIX) -> None:
-    """Read length, pending and lag of every registered item's stream from Redis (one
-    pipeline) into the stream gauges."""
-    members = cast(set[str], await redis.smembers(items_registry(prefix)))
-    items = sorted(int(m) for m in members)
-    if not items:
-        return
-    async with redis.pipeline(transaction=False) as pipe:
-        for item_id in items:
-            stream = item_keys(item_id, prefix).events
-            pipe.xlen(stream)
-            pipe.xinfo_groups(stream)
-            pipe.xrevrange(stream, count=1)
-        replies = await pipe.execute(raise_on_error=False)
-    for n, item_id in enumerate(items):
-        length, groups, newest = replies[3 * n : 3 * n + 3]
-        if isinstance(length, Exception):
-            continue
-        item = str(item_id)
-        STREAM_LENGTH.labels(item=item).set(length)
-        if isinstance(groups, Exception):  # no stream yet
-            continue
-        newest_id = newest[0][0] if newest and not isinstance(newest, Exception) else None
-        for group in groups:
-            pending = int(group["pending"])
-            STREAM_PENDING.labels(item=item, group=group["name"]).set(pending)
-            STREAM_LAG.labels(item=item, group=group["name"]).set(
-                _lag(group, length=int(length), pending=pending, newest_id=newest_id)
-            )
-
-
-def _lag(group: dict[str, Any], *, length: int, pending: int, newest_id: str | None) -> int:
-    lag = group.get("lag")
-    if lag is not None:  # Redis 7 counts it (None there when it cannot: entries deleted)
-        return int(lag)
-    delivered = stream_position(group["last-delivered-id"])
-    if newest_id is None or delivered >= stream_position(newest_id):
-        return 0
-    # Redis 6.2 keeps no count: the entries not delivered are at most those in the stream
-    # that are not pending (entries acknowledged and not trimmed yet are counted too).
-    return max(0, length - pending)

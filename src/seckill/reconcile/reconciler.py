@@ -29,12 +29,10 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 from seckill.domain.events import stream_position
 from seckill.domain.items import Stock
 from seckill.engine.engine import ItemSnapshot, RedisEngine
-from seckill.engine.keys import items_registry
 from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold
 from seckill.reconcile.recovery import recover_item
 from seckill.services.items import warm_item
@@ -79,9 +77,7 @@ class Reconciler:
     async def item_ids(self) -> list[int]:
         """Items to look at: every item Redis has loaded and every sale SQL has not seen end
         (so a sale Redis lost entirely is still looked at)."""
-        redis = self._engine.redis
-        registry = items_registry(self._engine.prefix)
-        loaded = {int(m) for m in cast(set[str], await redis.smembers(registry))}
+        loaded = set(await self._engine.item_ids())
         return sorted(loaded | set(await self._ledger.unfinished_item_ids()))
 
     async def compare(self, item_id: int) -> Comparison:

@@ -9,9 +9,9 @@ from seckill.config import Settings
 from seckill.domain.items import ItemRecord, NewItem, Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.streams import backlog
 from seckill.services.item_cache import ItemCache
 from seckill.store.ledger import Ledger
-from seckill.workers.persister import backlog
 
 
 class UnknownItem(LookupError):

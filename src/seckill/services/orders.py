@@ -8,14 +8,12 @@ an order Redis no longer has (lost with a Redis that restarted empty, until reco
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
 
 from redis.asyncio import Redis
 
 from seckill.domain import rules
 from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement, ReleaseReason
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import items_registry
 from seckill.store.ledger import Ledger
 from seckill.store.tables import datetime_to_ms
 
@@ -50,11 +48,10 @@ def _from_hold(item_id: int, hold: Hold) -> OrderView:
 class OrderBook:
     """Finds orders by id and moves them: cancel, and the payment provider's notices."""
 
-    def __init__(self, *, redis: Redis, engine: RedisEngine, ledger: Ledger, prefix: str) -> None:
+    def __init__(self, *, redis: Redis, engine: RedisEngine, ledger: Ledger) -> None:
         self._redis = redis
         self._engine = engine
         self._ledger = ledger
-        self._prefix = prefix
         self._item_of: dict[int, int] = {}  # order id -> item id: a hold never moves
 
     async def find(self, order_id: int) -> OrderView | None:
@@ -116,8 +113,7 @@ class OrderBook:
         known = self._item_of.get(order_id)
         if known is not None:
             return known
-        members = cast(set[str], await self._redis.smembers(items_registry(self._prefix)))
-        item_ids = sorted(int(m) for m in members)
+        item_ids = await self._engine.item_ids()
         if not item_ids:
             return None
         async with self._redis.pipeline(transaction=False) as pipe:

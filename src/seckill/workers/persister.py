@@ -1,9 +1,9 @@
 """The persister: lands every item stream's events in SQL through the ledger.
 
-One consumer group (``persister``) per item stream, found through the items registry. Each pass
-reads a batch with XREADGROUP, lands it in one transaction, then XACKs, so an entry is
-acknowledged only once it is in SQL. Several persister processes share the group safely: the
-ledger makes every event idempotent and order-independent.
+One consumer group (``seckill.engine.streams.GROUP``) per item stream, found through the items
+registry. Each pass reads a batch with XREADGROUP, lands it in one transaction, then XACKs, so
+an entry is acknowledged only once it is in SQL. Several persister processes share the group
+safely: the ledger makes every event idempotent and order-independent.
 
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
@@ -41,15 +41,15 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
-from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
+from seckill.engine.engine import registered_items
+from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
+from seckill.engine.streams import GROUP
 from seckill.observability import metrics
 from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
-GROUP = "persister"
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
 _COMMITS = metrics.SQL_TRANSACTIONS.labels(result="commit")
 _FAILURES = metrics.SQL_TRANSACTIONS.labels(result="failure")
@@ -80,42 +80,6 @@ class Entry:
     keys: ItemKeys
     entry_id: str
     fields: dict[str, str]
-
-
-async def backlog(engine: RedisEngine, item_id: int) -> int:
-    """Entries of the item's stream the persister has not landed yet (pending or never read)."""
-    stream = engine.keys(item_id).events
-    try:
-        groups: list[dict[str, Any]] = await engine.redis.xinfo_groups(stream)
-    except ResponseError:  # no stream yet
-        return 0
-    group = next((g for g in groups if g["name"] == GROUP), None)
-    if group is None:
-        return await engine.redis.xlen(stream)
-    lag = group.get("lag")
-    if lag is None:  # Redis 6.2 keeps no lag: count what follows the last delivered entry
-        unread = await engine.redis.xrange(
-            stream, min="(" + group["last-delivered-id"], count=_BACKLOG_COUNT_CAP
-        )
-        lag = len(unread or ())
-    return int(group["pending"]) + int(lag)
-
-
-_BACKLOG_COUNT_CAP = 1_000_000
-
-
-async def stream_drained(redis: Redis, stream: str) -> bool:
-    """Has every consumer group of the stream received and acknowledged every entry?"""
-    groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
-    if not groups:
-        return False
-    for group in groups:
-        # Nothing after the last delivered entry (rather than "it is the last generated id":
-        # that one may have been deleted, and then is never delivered).
-        unread = await redis.xrange(stream, min="(" + group["last-delivered-id"], count=1)
-        if group["pending"] or unread:
-            return False
-    return True
 
 
 class Persister:
@@ -183,9 +147,8 @@ class Persister:
     # -- reading -------------------------------------------------------------------------------
 
     async def _discover(self) -> None:
-        members = cast(set[str], await self._redis.smembers(items_registry(self._prefix)))
-        for member in members:
-            keys = item_keys(int(member), self._prefix)
+        for item_id in await registered_items(self._redis, self._prefix):
+            keys = item_keys(item_id, self._prefix)
             if keys.events not in self._streams:
                 try:
                     await self._redis.xgroup_create(keys.events, GROUP, id="0", mkstream=True)

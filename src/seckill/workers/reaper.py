@@ -8,32 +8,23 @@ inside it), so any number of reapers may run side by side: they only share the w
 from __future__ import annotations
 
 import time
-from typing import cast
-
-from redis.asyncio import Redis
 
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import DEFAULT_PREFIX, items_registry
 from seckill.observability import metrics
 
 
 class Reaper:
     name = "reaper"
 
-    def __init__(
-        self, *, redis: Redis, engine: RedisEngine, prefix: str = DEFAULT_PREFIX, batch: int = 500
-    ) -> None:
-        self._redis = redis
+    def __init__(self, *, engine: RedisEngine, batch: int = 500) -> None:
         self._engine = engine
-        self._prefix = prefix
         self._batch = batch
         self.released = 0
 
     async def run_once(self) -> int:
         """Release every hold due now, in every item; returns how many."""
-        members = cast(set[str], await self._redis.smembers(items_registry(self._prefix)))
         released = 0
-        for item_id in sorted(int(m) for m in members):
+        for item_id in await self._engine.item_ids():
             while True:
                 due = await self._engine.expire_due(item_id, limit=self._batch)
                 released += len(due)

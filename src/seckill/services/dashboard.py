@@ -2,9 +2,9 @@
 own counters, cheap enough to take every second.
 
 Redis is read in two round trips (three on Redis 6.2, which keeps no consumer-group lag): the
-items registry, then one pipeline with every item's counters and stream. Dead letters come from
-SQL, and the request, reaper and reconciler figures from the process's metrics registry when it
-has one.
+items registry, then the items' counters beside their streams (``seckill.engine.streams``),
+concurrently. Dead letters come from SQL, and the request, reaper and reconciler figures from
+the process's metrics registry when it has one.
 """
 
 from __future__ import annotations
@@ -13,24 +13,20 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
-from redis.exceptions import ResponseError
 from sqlalchemy.exc import SQLAlchemyError
 
 from seckill.domain.items import Stock
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import items_registry
+from seckill.engine.streams import GROUP, read_progress
 from seckill.observability import metrics
 from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
-from seckill.workers.persister import GROUP
 
 # The registry holds every item ever loaded; a page about the sale at hand shows the newest.
 MAX_ITEMS = 50
 _STOCK_FIELDS = ("total", "available", "held", "sold")
-# Redis 6.2 keeps no lag: the unread entries are counted, up to this many.
-_LAG_COUNT_CAP = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +41,7 @@ class ItemView:
 
     @property
     def backlog(self) -> int:
-        """Entries the persister has not landed yet (as ``seckill.workers.persister.backlog``)."""
+        """Entries the persister has not landed yet (as ``seckill.engine.streams.backlog``)."""
         return self.pending + self.lag
 
 
@@ -96,94 +92,48 @@ async def take_snapshot(
 ) -> DashboardSnapshot:
     """The items given (else the newest ``MAX_ITEMS`` of the registry), their dead letters,
     and this process's metrics."""
-    redis = engine.redis
-    registry = items_registry(engine.prefix)
-    if item_ids:
-        chosen = sorted(set(item_ids))
-    else:
-        registered = {int(i) for i in await redis.smembers(registry)}
-        chosen = sorted(sorted(registered, reverse=True)[:MAX_ITEMS])
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.scard(registry)
-        for item_id in chosen:
-            keys = engine.keys(item_id)
-            pipe.hmget(keys.item, list(_STOCK_FIELDS))
-            pipe.xinfo_groups(keys.events)
-            pipe.xlen(keys.events)
-        replies = await pipe.execute(raise_on_error=False)
-    clock, in_registry = replies[:2]
-    for reply in (clock, in_registry):
-        if isinstance(reply, Exception):
-            raise reply
-    sec, usec = clock
-    streams = [_Stream.read(*replies[2 + 3 * n : 5 + 3 * n]) for n in range(len(chosen))]
-    await _count_unread(engine, chosen, streams)
+    chosen = sorted(set(item_ids)) if item_ids else (await engine.item_ids())[-MAX_ITEMS:]
+    (server_time_ms, stocks), streams, in_registry = await asyncio.gather(
+        _clock_and_stock(engine, chosen),
+        read_progress(engine.redis, [engine.keys(i).events for i in chosen]),
+        engine.item_count(),
+    )
     dead, database_available = await _dead_letters(engine, ledger, chosen)
-    return DashboardSnapshot(
-        server_time_ms=int(sec) * 1000 + int(usec) // 1000,
-        items=[
+    views = []
+    for item_id, stock, stream in zip(chosen, stocks, streams, strict=True):
+        progress = stream.of(GROUP)
+        views.append(
             ItemView(
                 item_id=item_id,
-                stock=stream.stock,
-                pending=stream.pending,
-                lag=stream.lag or 0,
+                stock=stock,
+                pending=progress.pending,
+                lag=progress.lag,
                 dead_letters=dead.get(item_id),
             )
-            for item_id, stream in zip(chosen, streams, strict=True)
-        ],
-        items_in_registry=int(in_registry),
+        )
+    return DashboardSnapshot(
+        server_time_ms=server_time_ms,
+        items=views,
+        items_in_registry=in_registry,
         database_available=database_available,
         metrics=read_metrics(),
     )
 
 
-@dataclass(slots=True)
-class _Stream:
-    stock: Stock | None
-    pending: int
-    lag: int | None  # None: Redis did not say (6.2)
-    last_delivered_id: str
-
-    @classmethod
-    def read(cls, counters: Any, groups: Any, length: Any) -> _Stream:
-        for reply in (counters, length):
-            if isinstance(reply, Exception):
-                raise reply
-        values = cast(list[str | None], counters)
-        stock = None if any(v is None for v in values) else Stock(*(int(v or 0) for v in values))
-        if isinstance(groups, ResponseError):  # no stream yet
-            return cls(stock, 0, 0, "")
-        if isinstance(groups, Exception):
-            raise groups
-        group = next((g for g in cast(list[dict[str, Any]], groups) if g["name"] == GROUP), None)
-        if group is None:  # no persister has looked yet: every entry waits
-            return cls(stock, 0, int(length), "")
-        lag = group.get("lag")
-        return cls(
-            stock,
-            int(group["pending"]),
-            None if lag is None else int(lag),
-            str(group["last-delivered-id"]),
-        )
-
-
-async def _count_unread(
-    engine: RedisEngine, item_ids: Sequence[int], streams: Sequence[_Stream]
-) -> None:
-    unknown = [(i, s) for i, s in zip(item_ids, streams, strict=True) if s.lag is None]
-    if not unknown:
-        return
+async def _clock_and_stock(
+    engine: RedisEngine, item_ids: Sequence[int]
+) -> tuple[int, list[Stock | None]]:
+    """Redis's clock (ms) and each item's counters (None: not in Redis), in one pipeline."""
     async with engine.redis.pipeline(transaction=False) as pipe:
-        for item_id, stream in unknown:
-            pipe.xrange(
-                engine.keys(item_id).events,
-                min="(" + stream.last_delivered_id,
-                count=_LAG_COUNT_CAP,
-            )
-        pages = await pipe.execute()
-    for (_, stream), page in zip(unknown, pages, strict=True):
-        stream.lag = len(page or ())
+        pipe.time()
+        for item_id in item_ids:
+            pipe.hmget(engine.keys(item_id).item, list(_STOCK_FIELDS))
+        (sec, usec), *counters = await pipe.execute()
+    stocks = []
+    for values in cast(list[list[str | None]], counters):
+        missing = any(v is None for v in values)
+        stocks.append(None if missing else Stock(*(int(v or 0) for v in values)))
+    return int(sec) * 1000 + int(usec) // 1000, stocks
 
 
 async def _dead_letters(

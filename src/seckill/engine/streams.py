@@ -1,0 +1,155 @@
+"""Where each item's stream stands: the one answer to "how far behind is SQL".
+
+Every item's stream has one consumer group per sink; the persister's, ``GROUP``, lands the
+entries in SQL. A group's entries are in one of three places: acknowledged (done), pending
+(delivered, not acknowledged yet) or unread (not delivered yet: its *lag*). Its *backlog* is
+pending + lag: what is not in the sink yet.
+
+Redis 7 says a group's lag in XINFO GROUPS (nil when it cannot tell, after deletions); Redis 6.2
+never does. Then the entries after the group's last delivered one are counted with XRANGE, up to
+``UNREAD_COUNT_CAP`` (past it the count says "at least this many"). Reads of many streams take one
+pipeline, and one more only for the groups whose lag Redis did not say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from seckill.engine.engine import RedisEngine
+from seckill.observability import metrics
+
+GROUP = "persister"
+"""The persister's consumer group on every item stream."""
+
+UNREAD_COUNT_CAP = 100_000
+"""Unread entries counted at most where Redis keeps no lag: the count is read every second (the
+dashboard, each scrape), and past this many the answer is "far behind" anyway."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """One consumer group's position in one stream."""
+
+    pending: int  # delivered to a consumer, not acknowledged yet
+    lag: int  # not delivered yet
+
+    @property
+    def backlog(self) -> int:
+        """Entries the group's sink does not have yet."""
+        return self.pending + self.lag
+
+
+@dataclass(frozen=True, slots=True)
+class StreamProgress:
+    """One stream's length and every consumer group's position in it."""
+
+    length: int  # XLEN: the backlog plus entries acknowledged but not trimmed yet
+    groups: Mapping[str, GroupProgress] = field(default_factory=dict)  # by group name
+
+    def of(self, group: str = GROUP) -> GroupProgress:
+        """A group's position; a group not created yet has every entry ahead of it."""
+        return self.groups.get(group) or GroupProgress(pending=0, lag=self.length)
+
+    @property
+    def drained(self) -> bool:
+        """Has some group been created, and every group received and acknowledged every entry?"""
+        return bool(self.groups) and all(g.backlog == 0 for g in self.groups.values())
+
+
+def group_progress(group: Mapping[str, Any], *, unread: int | None = None) -> GroupProgress:
+    """A group's position from its entry in the XINFO GROUPS reply.
+
+    ``unread``: the entries after its ``last-delivered-id``, counted (``count_unread``); needed
+    only when the reply has no lag (Redis 6.2, or Redis 7 when it cannot tell)."""
+    lag = group.get("lag")
+    if lag is None:
+        if unread is None:
+            raise ValueError(f"group {group['name']!r}: Redis gave no lag, count the unread")
+        lag = unread
+    return GroupProgress(pending=int(group["pending"]), lag=int(lag))
+
+
+async def read_progress(redis: Redis, streams: Sequence[str]) -> list[StreamProgress]:
+    """Length and groups of every stream, in order: one pipeline (XLEN and XINFO GROUPS of
+    each), and one more to count the unread entries of groups Redis gave no lag for."""
+    if not streams:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xlen(stream)
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
+    lengths: list[int] = []
+    groups_of: list[list[dict[str, Any]]] = []
+    for length, groups in zip(replies[0::2], replies[1::2], strict=True):
+        if isinstance(length, Exception):
+            raise length
+        if isinstance(groups, ResponseError):  # no stream yet: no group either
+            groups = []
+        elif isinstance(groups, Exception):
+            raise groups
+        lengths.append(int(length))
+        groups_of.append(cast(list[dict[str, Any]], groups))
+    without_lag = [
+        (stream, group)
+        for stream, groups in zip(streams, groups_of, strict=True)
+        for group in groups
+        if group.get("lag") is None
+    ]
+    counts = await count_unread(redis, without_lag)
+    counted = {
+        (stream, group["name"]): n for (stream, group), n in zip(without_lag, counts, strict=True)
+    }
+    return [
+        StreamProgress(
+            length=length,
+            groups={
+                g["name"]: group_progress(g, unread=counted.get((stream, g["name"])))
+                for g in groups
+            },
+        )
+        for stream, length, groups in zip(streams, lengths, groups_of, strict=True)
+    ]
+
+
+async def count_unread(redis: Redis, groups: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int]:
+    """For each (stream, XINFO GROUPS entry): the entries after the group's last delivered one,
+    up to ``UNREAD_COUNT_CAP``, in one pipeline. Counted rather than compared with the newest
+    id: the last delivered entry may have been deleted, and then it is never delivered."""
+    if not groups:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream, group in groups:
+            pipe.xrange(stream, min="(" + group["last-delivered-id"], count=UNREAD_COUNT_CAP)
+        pages = await pipe.execute()
+    return [len(page or ()) for page in pages]
+
+
+async def backlog(engine: RedisEngine, item_id: int) -> int:
+    """Entries of the item's stream the persister has not landed yet (pending or never read)."""
+    [stream] = await read_progress(engine.redis, [engine.keys(item_id).events])
+    return stream.of(GROUP).backlog
+
+
+async def stream_drained(redis: Redis, stream: str) -> bool:
+    """Has every consumer group of the stream received and acknowledged every entry?"""
+    [progress] = await read_progress(redis, [stream])
+    return progress.drained
+
+
+async def refresh_stream_gauges(engine: RedisEngine) -> None:
+    """Read length, pending and lag of every registered item's stream, every group's, into the
+    stream gauges (for ``/metrics``, when scraped)."""
+    items = await engine.item_ids()
+    streams = await read_progress(engine.redis, [engine.keys(i).events for i in items])
+    for item_id, stream in zip(items, streams, strict=True):
+        item = str(item_id)
+        metrics.STREAM_LENGTH.labels(item=item).set(stream.length)
+        for name, group in stream.groups.items():
+            metrics.STREAM_PENDING.labels(item=item, group=name).set(group.pending)
+            metrics.STREAM_LAG.labels(item=item, group=name).set(group.lag)
