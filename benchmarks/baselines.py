@@ -63,13 +63,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from seckill.api.admission import AdmissionLimit
+from seckill.api.admission import RETRY_AFTER, Admission
 from seckill.api.errors import ApiError, documented, install_error_handlers
 from seckill.api.limits import BodySizeLimit
+from seckill.api.paths import is_purchase
+from seckill.api.responses import send_json
 from seckill.api.schemas import BuyIn, ReservationOut
 from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_KEY_LEN, check_idempotency_key
+from seckill.observability import metrics
 from seckill.security.tokens import InvalidToken, Role, token_codec
 from seckill.serve import listening_socket
 
@@ -396,6 +400,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve(args.strategy, args.database_url, host=args.host, port=args.port,
               pool=args.pool_size)
     )  # fmt: skip
+
+
+class AdmissionLimit:
+    """ASGI middleware: purchase requests beyond the limit get 503 ``overloaded`` at once, as
+    seckill's purchase route sheds them (it admits by itself, without a middleware)."""
+
+    def __init__(self, app: ASGIApp, *, max_in_flight: int) -> None:
+        self.app = app
+        self.admission = Admission(max_in_flight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not is_purchase(scope):
+            await self.app(scope, receive, send)
+            return
+        if not self.admission.try_enter():
+            metrics.SHED.inc()
+            await send_json(send, 503, self.admission.refusal, [RETRY_AFTER])
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.admission.leave()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import pytest
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seckill.api.admission import Admission, AdmissionLimit
+from benchmarks.baselines import AdmissionLimit
+from seckill.api.admission import Admission
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
 from seckill.store.ledger import Ledger

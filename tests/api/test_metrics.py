@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from starlette.types import Receive, Scope, Send
 
-from seckill.api.admission import AdmissionLimit
-from seckill.api.metrics import PURCHASE_ROUTE, HttpMetrics
+from benchmarks.baselines import AdmissionLimit
+from seckill.api.metrics import HttpMetrics
+from seckill.api.paths import PURCHASE_ROUTE
 from seckill.config import Settings
 from seckill.engine.keys import item_keys
 from seckill.observability import metrics

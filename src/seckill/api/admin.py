@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from seckill.api.auth import AdminIdentity
-from seckill.api.buyers import ItemId, item_out
+from seckill.api.buyers import item_out
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
+from seckill.api.paths import ItemId
 from seckill.api.schemas import (
     AuditOut,
     CheckOut,

@@ -5,22 +5,18 @@ longer and all of them time out together. Shedding the excess at once keeps the 
 fast and tells the rest to come back: 503 ``overloaded`` with ``Retry-After: 1``, before the
 request is authenticated or its body read, so a shed request costs almost nothing.
 
-Only the purchase route (``POST /api/v1/items/{id}/orders``) is limited. The limit is per
-process and in memory: a counter, which needs no lock because the event loop runs one task at a
-time and the counter is never read and written across an ``await``. A slot is held from the
-moment the request arrives until its answer has been sent.
+Only the purchase route (``seckill.api.purchase_route``) is limited; it admits by itself. The
+limit is per process and in memory: a counter, which needs no lock because the event loop runs
+one task at a time and the counter is never read and written across an ``await``. A slot is held
+from the moment the request arrives until its answer has been sent.
 """
 
 from __future__ import annotations
 
-import json
-import re
+from seckill.api.responses import Header, error_body
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from seckill.observability import metrics
-
-PURCHASE_PATH = re.compile(r"/api/v1/items/([^/]+)/orders")  # group 1: the item id
+RETRY_AFTER: Header = (b"retry-after", b"1")
+"""Sent with every shed request: come back in a second."""
 
 
 class Admission:
@@ -31,12 +27,9 @@ class Admission:
             raise ValueError("max_in_flight must be at least 1")
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self.refusal = json.dumps(
-            {
-                "error": "overloaded",
-                "message": f"more than {max_in_flight} purchases in flight here: retry shortly",
-            }
-        ).encode()
+        self.refusal = error_body(
+            "overloaded", f"more than {max_in_flight} purchases in flight here: retry shortly"
+        )
 
     def try_enter(self) -> bool:
         """Take a slot if one is free; the caller must ``leave()`` once done with it."""
@@ -47,44 +40,3 @@ class Admission:
 
     def leave(self) -> None:
         self.in_flight -= 1
-
-
-class AdmissionLimit:
-    """ASGI middleware: purchase requests beyond the limit get 503 ``overloaded`` at once. The
-    product's purchase route admits by itself (``seckill.api.purchase_route``); this is for a
-    purchase route served through the framework (the benchmarks' SQL baselines)."""
-
-    def __init__(self, app: ASGIApp, *, max_in_flight: int) -> None:
-        self.app = app
-        self.admission = Admission(max_in_flight)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and PURCHASE_PATH.fullmatch(scope["path"])
-        ):
-            await self.app(scope, receive, send)
-            return
-        if not self.admission.try_enter():
-            metrics.SHED.inc()
-            await self._shed(send)
-            return
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.admission.leave()
-
-    async def _shed(self, send: Send) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 503,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(self.admission.refusal)).encode()),
-                    (b"retry-after", b"1"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": self.admission.refusal})

@@ -11,11 +11,11 @@ from starlette.types import Receive, Scope, Send
 
 from seckill import __version__
 from seckill.api import admin, buyers, dashboard, health, metrics, payments, tickets
-from seckill.api.admission import PURCHASE_PATH
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics
+from seckill.api.paths import is_purchase
 from seckill.api.purchase_route import PurchaseRoute
 from seckill.api.request_ids import RequestIds
 from seckill.bootstrap import Runtime, open_runtime
@@ -31,11 +31,7 @@ class SeckillApi(FastAPI):
         self.purchase_route = purchase_route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] == "POST"
-            and PURCHASE_PATH.fullmatch(scope["path"])
-        ):
+        if is_purchase(scope):
             await self.purchase_route(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)

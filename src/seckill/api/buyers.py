@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path
 from seckill.api.auth import BuyerIdentity
 from seckill.api.context import Context, context
 from seckill.api.errors import documented, refusal
+from seckill.api.paths import PURCHASE_ROUTE, ItemId
 from seckill.api.schemas import BuyIn, ItemOut, OrderId, OrderOut, ReservationOut
 from seckill.api.tickets import TicketHeader
 from seckill.domain.outcomes import Outcome
@@ -18,7 +19,6 @@ from seckill.store.tables import ms_to_datetime
 
 router = APIRouter(prefix="/api/v1", tags=["buyers"])
 Ctx = Annotated[Context, Depends(context)]
-ItemId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 OrderIdPath = Annotated[OrderId, Path()]
 
 
@@ -39,7 +39,7 @@ def item_out(seen: ItemOnSale) -> ItemOut:
 
 
 @router.post(
-    "/items/{item_id}/orders",
+    PURCHASE_ROUTE.removeprefix(router.prefix),
     status_code=202,
     response_model=ReservationOut,
     responses=documented(400, 401, 403, 404, 409, 413, 422, 429, 503),

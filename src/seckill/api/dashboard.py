@@ -23,6 +23,7 @@ from seckill.api.auth import AdminIdentity
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
 from seckill.api.schemas import Counters
+from seckill.domain.rules import MAX_ID
 from seckill.pages import inline, static_text, uplot_fields
 from seckill.services.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot
 
@@ -90,7 +91,7 @@ class DashboardOut(BaseModel):
 
 
 ItemQuery = Annotated[
-    list[Annotated[int, Field(ge=1, le=2**63 - 1)]] | None,
+    list[Annotated[int, Field(ge=1, le=MAX_ID)]] | None,
     Query(max_length=MAX_ITEMS, description="Items to show (repeatable); default: the newest."),
 ]
 

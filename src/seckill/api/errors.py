@@ -19,7 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 
-from seckill.api.limits import BodyTooLarge
+from seckill.api.responses import BodyTooLarge
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import WorkerIdLost
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome

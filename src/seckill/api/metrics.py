@@ -16,8 +16,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seckill.api.admission import PURCHASE_PATH
 from seckill.api.context import Context, context
+from seckill.api.paths import PURCHASE_PATH, PURCHASE_ROUTE
 from seckill.domain.outcomes import Outcome
 from seckill.engine.streams import refresh_stream_gauges
 from seckill.observability import metrics
@@ -25,7 +25,6 @@ from seckill.observability import metrics
 log = logging.getLogger(__name__)
 
 router = APIRouter()
-PURCHASE_ROUTE = "/api/v1/items/{item_id}/orders"
 UNMATCHED = "other"
 RATE_LIMITED = Outcome.RATE_LIMITED.value
 _MAX_ERROR_BODY = 4096  # our error bodies are small; anything longer is not one of ours

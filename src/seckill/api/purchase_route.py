@@ -12,13 +12,14 @@ here the same rules run as plain code, in this order:
 6. the purchase: ``Purchases.buy``, one Redis round trip (the sold-out flag before it).
 
 Everything else is shared with the other routes: the answers to errors (``seckill.api.errors``),
-the request id (``seckill.api.request_ids``), the metrics (``seckill.api.metrics``). The route is
-declared in ``seckill.api.buyers`` for the OpenAPI schema, and the schema tests hold it to it.
+the JSON responder and the body limit (``seckill.api.responses``), the request id
+(``seckill.api.request_ids``), the metrics (``seckill.api.metrics``), the path
+(``seckill.api.paths``). The route is declared in ``seckill.api.buyers`` for the OpenAPI schema,
+and the schema tests hold it to it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -27,34 +28,42 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
-from seckill.api.admission import PURCHASE_PATH, Admission
+from seckill.api.admission import RETRY_AFTER, Admission
 from seckill.api.auth import authorize, bearer_token
 from seckill.api.context import Context
 from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal, validation_message
-from seckill.api.limits import too_large
-from seckill.api.metrics import PURCHASE_ROUTE, record_request
+from seckill.api.metrics import record_request
+from seckill.api.paths import PURCHASE_PATH, PURCHASE_ROUTE
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
 from seckill.api.request_ids import request_id_from
+from seckill.api.responses import (
+    CONNECTION_CLOSE,
+    BodyLimit,
+    BodyTooLarge,
+    ClientGone,
+    Header,
+    error_body,
+    send_json,
+)
 from seckill.api.schemas import BuyIn, ReservationOut
 from seckill.domain.orders import OrderStatus
+from seckill.domain.rules import MAX_ID
+from seckill.domain.times import ms_to_datetime
 from seckill.observability import metrics
 from seckill.observability.logs import REQUEST_ID
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role
-from seckill.store.tables import ms_to_datetime
 
 log = logging.getLogger(__name__)
 
-MAX_ITEM_ID = 2**63 - 1
-_ITEM_ID = re.compile(r"[0-9]{1,19}")
+# ASCII digits, no more of them than the largest id has: int() never parses a long string.
+_ITEM_ID = re.compile(f"[0-9]{{1,{len(str(MAX_ID))}}}")
 _TICKET = TICKET_HEADER.lower().encode()
 _NO_BODY = BuyIn()
 
-Headers = list[tuple[bytes, bytes]]
-_JSON: Headers = [(b"content-type", b"application/json")]
 # The refusals a stampede gets by the thousand, encoded once.
 _ENCODED = {
-    (outcome.value, message): json.dumps({"error": outcome.value, "message": message}).encode()
+    (outcome.value, message): error_body(outcome.value, message)
     for outcome, (_, message) in REFUSALS.items()
 }
 
@@ -75,19 +84,15 @@ class Answer:
     status: int
     body: bytes
     outcome: str  # what the metrics count: "reserved", or the error code
-    headers: Headers
+    headers: list[Header]  # after the content type, length and request id
 
     @classmethod
     def error(cls, problem: ApiError) -> Answer:
         body = _ENCODED.get((problem.code, problem.message))
         if body is None:
-            body = json.dumps({"error": problem.code, "message": problem.message}).encode()
+            body = error_body(problem.code, problem.message)
         extra = [(k.lower().encode(), v.encode()) for k, v in (problem.headers or {}).items()]
         return cls(problem.status, body, problem.code, extra)
-
-
-class ClientGone(Exception):
-    """The client went away before its request was whole: there is no one to answer."""
 
 
 class PurchaseRoute:
@@ -96,11 +101,9 @@ class PurchaseRoute:
     def __init__(self, *, max_in_flight: int, max_body_bytes: int) -> None:
         self.context: Context | None = None
         self.admission = Admission(max_in_flight)
-        self._max_body_bytes = max_body_bytes
-        self._too_large = ApiError(
-            413, "body_too_large", too_large(max_body_bytes), {"Connection": "close"}
-        )
-        self._shed = Answer(503, self.admission.refusal, "overloaded", [(b"retry-after", b"1")])
+        self.body_limit = BodyLimit(max_body_bytes)
+        self._too_large = Answer(413, self.body_limit.refusal, "body_too_large", [CONNECTION_CLOSE])
+        self._shed = Answer(503, self.admission.refusal, "overloaded", [RETRY_AFTER])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -108,8 +111,9 @@ class PurchaseRoute:
         request_id = request_id_from(headers.get(REQUEST_ID_HEADER, b""))
         if not self.admission.try_enter():
             metrics.SHED.inc()
-            await _send(send, self._shed, request_id)
-            record_request(PURCHASE_ROUTE, self._shed.outcome, started)
+            shed = self._shed
+            await send_json(send, shed.status, shed.body, shed.headers, request_id)
+            record_request(PURCHASE_ROUTE, shed.outcome, started)
             return
         logged_as = REQUEST_ID.set(request_id)  # every log line of this purchase carries it
         try:
@@ -117,9 +121,11 @@ class PurchaseRoute:
                 answer = await self._decide(scope, receive, headers, request_id)
             except ClientGone:
                 return
+            except BodyTooLarge:
+                answer = self._too_large
             except Exception as exc:
                 answer = self._answer_to(exc)
-            await _send(send, answer, request_id)
+            await send_json(send, answer.status, answer.body, answer.headers, request_id)
         finally:
             self.admission.leave()
             REQUEST_ID.reset(logged_as)
@@ -131,7 +137,7 @@ class PurchaseRoute:
         ctx = self.context
         if ctx is None:
             raise RuntimeError("the purchase route was called before the API started")
-        body = await self._body(receive, headers)
+        body = await self.body_limit.read(receive, headers.get(b"content-length"))
         token = bearer_token(_text(headers.get(b"authorization")))
         buyer = authorize(ctx.tokens, token, Role.BUYER)
         item_id = _item_id(scope["path"])
@@ -157,44 +163,12 @@ class PurchaseRoute:
         )
         return Answer(202, held.model_dump_json().encode(), "reserved", [])
 
-    async def _body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes:
-        """The whole body, refused as soon as it is known to be over the limit."""
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self._max_body_bytes):
-            raise self._too_large
-        body = b""
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise ClientGone
-            body += bytes(message.get("body", b""))
-            if len(body) > self._max_body_bytes:
-                raise self._too_large
-            if not message.get("more_body", False):
-                return body
-
     def _answer_to(self, exc: Exception) -> Answer:
         problem = answer_for(exc)
         if problem is None:
             log.exception("purchase failed")
             problem = ApiError(500, "internal_error", "the purchase failed: see the server's log")
         return Answer.error(problem)
-
-
-async def _send(send: Send, answer: Answer, request_id: str) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": answer.status,
-            "headers": [
-                *_JSON,
-                (b"content-length", str(len(answer.body)).encode()),
-                (REQUEST_ID_HEADER, request_id.encode()),
-                *answer.headers,
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": answer.body})
 
 
 def _text(value: bytes | None) -> str | None:
@@ -205,9 +179,9 @@ def _text(value: bytes | None) -> str | None:
 def _item_id(path: str) -> int:
     match = PURCHASE_PATH.fullmatch(path)
     text = match.group(1) if match else ""
-    if _ITEM_ID.fullmatch(text) and 1 <= int(text) <= MAX_ITEM_ID:
+    if _ITEM_ID.fullmatch(text) and 1 <= int(text) <= MAX_ID:
         return int(text)
-    raise ApiError(422, "invalid_request", f"path.item_id: an integer from 1 to {MAX_ITEM_ID}")
+    raise ApiError(422, "invalid_request", f"path.item_id: an integer from 1 to {MAX_ID}")
 
 
 def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:

@@ -14,18 +14,18 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path
+from fastapi import APIRouter, Depends, Header
 from pydantic import BaseModel, Field
 
 from seckill.api.auth import BuyerIdentity
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
+from seckill.api.paths import ItemId
 from seckill.security.tickets import TICKET_HEADER
 from seckill.store.tables import ms_to_datetime
 
 router = APIRouter(prefix="/api/v1", tags=["buyers"])
 Ctx = Annotated[Context, Depends(context)]
-ItemId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 TicketHeader = Annotated[
     str | None,
