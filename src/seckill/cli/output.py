@@ -1,7 +1,7 @@
 """How ``seckill`` shows its answers: the tables and reports its commands print.
 
-Kept apart from ``cli.py`` so that the command file reads as what each command does (parse,
-call one service, print), while the rows and columns of what it prints live here.
+Kept apart from the commands so that each reads as what it does (parse, call one service,
+print), while the rows and columns of what it prints live here.
 """
 
 from __future__ import annotations

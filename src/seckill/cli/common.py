@@ -1,0 +1,89 @@
+"""What every command shares: the settings (read once per process), the console, how a
+command fails, and how it runs a piece of async work against the wired runtime."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import shutil
+import sys
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+
+if TYPE_CHECKING:
+    from seckill.bootstrap import Runtime
+    from seckill.config import Settings
+
+console = Console()
+T = TypeVar("T")
+
+
+@functools.cache  # one invocation per process: read once, on first use
+def current_settings() -> Settings:
+    from seckill.config import Settings
+
+    return Settings()
+
+
+def setting_default(name: str) -> str:
+    """For a flag's help: the setting that decides it when the flag is left out, and its
+    default (one home for both: the Settings field)."""
+    from seckill.config import Settings
+
+    return f"default SECKILL_{name.upper()}, {Settings.model_fields[name].default}"
+
+
+def overridden(settings: Settings, **flags: object) -> Settings:
+    """The settings, with each flag that was given (not None) in place of its setting."""
+    return settings.model_copy(update={k: v for k, v in flags.items() if v is not None})
+
+
+def start_process(*, processes: int = 1) -> Settings:
+    """Set up a server or worker process once: its metrics directory, then its logs.
+
+    With SECKILL_METRICS_DIR, this process writes its metrics into files there, which every
+    process of the deployment shares. prometheus_client picks its mode when first imported, so
+    this runs before anything imports it (seckill.serve and the workers do).
+    """
+    from seckill.observability.logs import configure_logging
+
+    settings = current_settings()
+    path = settings.metrics_dir
+    if path is None and processes > 1:
+        # The API's own processes still add up: a directory of its own, emptied at start.
+        path = settings.data_dir / "metrics"
+        shutil.rmtree(path, ignore_errors=True)
+    if path is not None:
+        if "prometheus_client" in sys.modules:
+            raise RuntimeError(
+                "prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set"
+            )
+        path.mkdir(parents=True, exist_ok=True)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path.resolve())
+    configure_logging(settings.log_format, settings.log_level)
+    return settings
+
+
+def abort(message: object, code: int = 2) -> NoReturn:
+    console.print(f"[red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
+    """Run ``work`` with everything wired from the settings; a refusal is a clear error."""
+    from seckill.bootstrap import open_runtime
+    from seckill.domain.outcomes import InvalidRequest
+    from seckill.services.items import UnknownItem
+
+    async def main() -> T:
+        async with open_runtime(current_settings()) as runtime:
+            return await work(runtime)
+
+    try:
+        return asyncio.run(main())
+    except (InvalidRequest, UnknownItem) as exc:
+        abort(exc)

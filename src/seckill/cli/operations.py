@@ -1,0 +1,227 @@
+"""What an operator does to a deployment: tokens, the schema, items, reconciling, recovering,
+dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
+
+import typer
+
+from seckill.cli.common import abort, console, current_settings, setting_default, with_runtime
+
+if TYPE_CHECKING:
+    from seckill.bootstrap import Runtime
+    from seckill.services.item_cache import ItemCache
+
+commands = typer.Typer()
+db_commands = typer.Typer(help="The SQL database.", no_args_is_help=True)
+item_commands = typer.Typer(help="Items: created in SQL, warmed into Redis.", no_args_is_help=True)
+dead_letter_commands = typer.Typer(
+    help="Stream entries the persister gave up on.", no_args_is_help=True
+)
+
+
+def item_cache(runtime: Runtime) -> ItemCache:
+    from seckill.services.item_cache import ItemCache
+
+    return ItemCache.from_settings(runtime.settings, engine=runtime.engine, source=runtime.ledger)
+
+
+@commands.command()
+def token(
+    buyer: str | None = typer.Option(None, help="Mint a buyer token for this buyer id."),
+    admin: bool = typer.Option(False, "--admin", help="Mint an admin token."),
+    ttl: int | None = typer.Option(
+        None, min=1, help=f"Seconds ({setting_default('token_ttl_seconds')})."
+    ),
+) -> None:
+    """Print a bearer token, for tests and demos.
+
+    Production tokens come from your identity provider, signed with the same key.
+    """
+    from seckill.domain.outcomes import InvalidRequest
+    from seckill.security.tokens import Role, token_codec
+
+    if (buyer is None) == (not admin):
+        abort("give exactly one of --buyer ID or --admin")
+    settings = current_settings()
+    subject, role = (buyer, Role.BUYER) if buyer is not None else ("admin", Role.ADMIN)
+    try:
+        minted = token_codec(settings).mint(
+            subject, role, ttl_seconds=ttl or settings.token_ttl_seconds
+        )
+    except (ValueError, InvalidRequest) as exc:
+        abort(exc)
+    print(minted)
+
+
+@db_commands.command("upgrade")
+def db_upgrade() -> None:
+    """Create or migrate the schema to the newest revision."""
+    from seckill.store.database import open_database
+    from seckill.store.migrate import upgrade
+
+    async def main() -> None:
+        database = open_database(current_settings().effective_database_url)
+        try:
+            await upgrade(database)
+        finally:
+            await database.dispose()
+
+    asyncio.run(main())
+    console.print("schema is current")
+
+
+def _when(text: str, option: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not an ISO 8601 time", param_hint=option) from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(
+            "give a time zone, e.g. 2026-11-21T20:00:00+00:00", param_hint=option
+        )
+    return moment
+
+
+@item_commands.command("create")
+def item_create(
+    name: str = typer.Option(..., help="What buyers see."),
+    price_cents: int = typer.Option(..., min=0, help="Price of one unit, in cents."),
+    total: int = typer.Option(..., min=0, help="Units on sale."),
+    starts_at: str = typer.Option("", help="Sale start, ISO 8601 with zone (default: now)."),
+    ends_at: str = typer.Option("", help="Sale end, ISO 8601 with zone (default: start + 1 h)."),
+    limit: int | None = typer.Option(
+        None,
+        min=1,
+        help=f"Units one buyer may hold or buy ({setting_default('per_buyer_limit')}).",
+    ),
+    hold_seconds: int | None = typer.Option(
+        None, min=1, help=f"Time a buyer has to pay ({setting_default('hold_seconds')})."
+    ),
+) -> None:
+    """Create an item in the database and its card (warm it to put it on sale)."""
+    from seckill.services.items import create_item
+
+    start = _when(starts_at, "--starts-at") if starts_at else datetime.now(UTC)
+    end = _when(ends_at, "--ends-at") if ends_at else start + timedelta(hours=1)
+
+    item_id = with_runtime(
+        lambda rt: create_item(
+            rt.ledger, item_cache(rt), rt.settings, name=name, price_cents=price_cents,
+            total=total, starts_at=start, ends_at=end, per_buyer_limit=limit,
+            hold_seconds=hold_seconds,
+        )
+    )  # fmt: skip
+    console.print(f"created item {item_id}")
+
+
+@item_commands.command("warm")
+def item_warm(
+    item_id: int = typer.Argument(..., min=1),
+    force: bool = typer.Option(False, help="Replace the settings of an item with holds or sales."),
+) -> None:
+    """Load an item from the database into Redis, putting it on sale (and its cached card)."""
+    from seckill.services.items import warm_item
+
+    outcome = with_runtime(
+        lambda rt: warm_item(rt.engine, rt.ledger, item_id, force=force, cache=item_cache(rt))
+    )
+    console.print(f"item {item_id}: {outcome}")
+
+
+@commands.command()
+def warm(
+    force: bool = typer.Option(False, help="Reload items with holds or sales too; they keep them."),
+) -> None:
+    """Warm every item whose sale has not ended, into Redis and its cached card.
+
+    Redis is where it is sold; the card is what buyers read. Items already selling are kept
+    as they are unless --force.
+    """
+    from seckill.cli.output import print_warmed
+    from seckill.services.items import warm_items
+
+    now = datetime.now(UTC)
+    warmed = with_runtime(
+        lambda rt: warm_items(rt.engine, rt.ledger, item_cache(rt), now=now, force=force)
+    )
+    if not print_warmed(console, warmed):
+        raise typer.Exit(1)
+
+
+@commands.command()
+def reconcile(
+    items: list[int] = typer.Argument(None, help="Item ids (default: every item on sale)."),
+    repair: bool = typer.Option(False, "--repair", help="Repair the drift found (journaled)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Prove Redis and SQL agree, item by item, while the sale runs.
+
+    Exit code 1 if drift is found (with --repair: if any is left after repairing), 0 otherwise.
+    """
+    from seckill.cli.output import print_report, report_json
+    from seckill.reconcile.reconciler import ItemReport, Reconciler
+
+    async def work(runtime: Runtime) -> list[ItemReport]:
+        grace_ms = int(runtime.settings.reconcile_grace_seconds * 1000)
+        reconciler = Reconciler(runtime.engine, runtime.ledger, grace_ms=grace_ms)
+        chosen = items or await reconciler.item_ids()
+        return [await reconciler.reconcile(item_id, repair=repair) for item_id in chosen]
+
+    reports = with_runtime(work)
+    if as_json:
+        print(json.dumps([report_json(r) for r in reports], indent=2))
+    else:
+        for report in reports:
+            print_report(console, report)
+    if any(report.left for report in reports):
+        raise typer.Exit(1)
+
+
+@commands.command()
+def recover(item_id: int = typer.Argument(..., help="The item to rebuild in Redis.")) -> None:
+    """Rebuild an item's Redis state from SQL after Redis lost it.
+
+    After a restart empty, an older AOF or a failover: counters, live holds with their
+    deadlines, buyers' units. What Redis still has beyond SQL is kept; the sale goes on with no
+    unit sold twice.
+    """
+    from seckill.reconcile.recovery import recover_item
+
+    done = with_runtime(lambda rt: recover_item(rt.engine, rt.ledger, item_id))
+    s = done.stock
+    console.print(
+        f"item {item_id} recovered: {done.restored} holds restored from SQL, "
+        f"{done.advanced} moved forward, {done.conflicts} conflicts (SQL kept); "
+        f"available {s.available}, held {s.held}, sold {s.sold} of {s.total}"
+    )
+
+
+@dead_letter_commands.command("list")
+def dead_letters_list(
+    everything: bool = typer.Option(False, "--all", help="Include replayed ones."),
+) -> None:
+    """Show dead letters with their errors."""
+    from seckill.cli.output import print_dead_letters
+    from seckill.services.dead_letters import list_dead_letters
+
+    letters = with_runtime(lambda rt: list_dead_letters(rt.ledger, include_replayed=everything))
+    print_dead_letters(console, letters)
+
+
+@dead_letter_commands.command("replay")
+def dead_letters_replay(
+    ids: list[int] = typer.Argument(None, help="Dead letter ids (default: every pending one)."),
+) -> None:
+    """Land dead letters again (after fixing what made them fail); each lands once at most."""
+    from seckill.cli.output import print_replay
+    from seckill.services.dead_letters import replay_dead_letters
+
+    done = with_runtime(lambda rt: replay_dead_letters(rt.ledger, ids or ()))
+    print_replay(console, done)
+    if not done.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,135 @@
+"""Commands that run the product: the API and the workers, each until SIGTERM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from seckill.cli.common import abort, overridden, setting_default, start_process
+
+if TYPE_CHECKING:
+    from seckill.config import Settings
+
+commands = typer.Typer()
+worker_commands = typer.Typer(help="Background workers.", no_args_is_help=True)
+
+
+def _run(settings: Settings, *, api: bool, workers: Iterable[str], **options: Any) -> None:
+    """Run the API and/or workers on one event loop until SIGTERM (after ``_start_process``)."""
+    from seckill.serve import WorkerKind, run_blocking
+
+    try:
+        run_blocking(settings, api=api, workers=[WorkerKind(w) for w in workers], **options)
+    except OSError as exc:
+        abort(exc)
+
+
+_HOST = typer.Option(None, help=f"Listen address ({setting_default('api_host')}).")
+_PORT = typer.Option(None, min=0, max=65535, help=f"Port ({setting_default('api_port')}).")
+
+
+@commands.command()
+def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
+    """Run the API and all workers (persister, reaper, reconciler) in one process until SIGTERM."""
+    settings = overridden(start_process(), api_host=host, api_port=port)
+    _run(settings, api=True, workers=("persister", "reaper", "reconciler"))
+
+
+class ApiServer(StrEnum):
+    GRANIAN = "granian"
+    UVICORN = "uvicorn"
+
+
+_SERVER = typer.Option(
+    None,
+    "--server",
+    help=f"What serves the API ({setting_default('api_server')}: the faster floor in "
+    "benchmarks/http.py; figures in the README's Benchmarks).",
+)
+
+
+@commands.command()
+def api(
+    host: str | None = _HOST,
+    port: int | None = _PORT,
+    processes: int = typer.Option(
+        1, "--workers", min=1, help="API processes sharing the port (more than 1: a shared Redis)."
+    ),
+    server: ApiServer | None = _SERVER,
+) -> None:
+    """Run the API alone until SIGTERM (workers run apart: `seckill worker ...`)."""
+    settings = overridden(start_process(processes=processes), api_host=host, api_port=port)
+    chosen = ApiServer(server or settings.api_server)
+    if chosen is ApiServer.UVICORN and processes == 1:
+        _run(settings, api=True, workers=())
+        return
+    from seckill.serve import run_api_granian, run_api_processes
+
+    run = run_api_granian if chosen is ApiServer.GRANIAN else run_api_processes
+    try:
+        run(settings, processes)
+    except (OSError, ValueError) as exc:
+        abort(exc)
+
+
+@worker_commands.command("persister")
+def worker_persister(
+    batch_size: int | None = typer.Option(
+        None, min=1, max=10_000, help="Entries landed per transaction (default: the persister's)."
+    ),
+    claim_idle_ms: int | None = typer.Option(
+        None, min=10, help="Take over entries idle this long (default: the persister's)."
+    ),
+    max_deliveries: int | None = typer.Option(
+        None, min=1, help="Deliveries before a dead letter (default: the persister's)."
+    ),
+) -> None:
+    """Land every item stream's events in the database until SIGTERM."""
+    settings = start_process()
+    # PersisterConfig is the one home of these defaults; its module imports prometheus_client,
+    # so it is read only now, after _start_process.
+    from seckill.workers.persister import PersisterConfig
+
+    flags = dict(batch_size=batch_size, claim_idle_ms=claim_idle_ms, max_deliveries=max_deliveries)
+    config = PersisterConfig(**{k: v for k, v in flags.items() if v is not None})
+    _run(settings, api=False, workers=("persister",), persister=config)
+
+
+@worker_commands.command("reaper")
+def worker_reaper(
+    interval: float | None = typer.Option(
+        None,
+        min=0.01,
+        help=f"Seconds between passes ({setting_default('reaper_interval_seconds')}).",
+    ),
+) -> None:
+    """Release holds past their deadline, every interval, until SIGTERM (replicas are safe)."""
+    settings = overridden(start_process(), reaper_interval_seconds=interval)
+    _run(settings, api=False, workers=("reaper",))
+
+
+@worker_commands.command("reconciler")
+def worker_reconciler(
+    interval: float | None = typer.Option(
+        None,
+        min=0.01,
+        help=f"Seconds between passes ({setting_default('reconcile_interval_seconds')}).",
+    ),
+    repair: bool | None = typer.Option(
+        None,
+        "--repair/--report-only",
+        help=f"Repair what is found ({setting_default('reconcile_repair')}).",
+    ),
+) -> None:
+    """Compare every item's Redis and SQL records each interval, until SIGTERM.
+
+    Logs the drift found and, with --repair, repairs it. Replicas are safe: one holds the
+    upkeep lock and works.
+    """
+    settings = overridden(
+        start_process(), reconcile_interval_seconds=interval, reconcile_repair=repair
+    )
+    _run(settings, api=False, workers=("reconciler",))

@@ -1,0 +1,139 @@
+"""Rehearsing a sale: the demo on embedded defaults, and bench against a running deployment."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+
+from seckill.cli.common import abort, console, current_settings
+from seckill.crowd.plan import CrowdPlan
+
+commands = typer.Typer()
+
+_PLAN = {f.name: f.default for f in dataclasses.fields(CrowdPlan)}  # the crowd's defaults
+_REPORT_DIR = typer.Option(
+    Path("seckill-reports"), help="Where the JSON result and the HTML report are written."
+)
+_CONCURRENCY = typer.Option(_PLAN["concurrency"], min=1, help="Buyers in flight at once.")
+_LIMIT = typer.Option(_PLAN["per_buyer_limit"], min=1, help="Units one buyer may hold or buy.")
+_HOLD = typer.Option(_PLAN["hold_seconds"], min=1, help="Seconds a buyer has to pay.")
+_UNITS = typer.Option(_PLAN["units"], min=1, help="Units on sale.")
+
+
+@commands.command()
+def demo(
+    buyers: int = typer.Option(_PLAN["buyers"], min=1, help="Buyers in the first crowd."),
+    units: int = _UNITS,
+    limit: int = _LIMIT,
+    hold_seconds: int = _HOLD,
+    concurrency: int = _CONCURRENCY,
+    report_dir: Path = _REPORT_DIR,
+) -> None:
+    """A live flash sale on embedded defaults, rushed by a crowd over HTTP, and its verdict.
+
+    Exit 1 if any check fails.
+    """
+    from seckill.demo import run_demo
+
+    plan = _plan(
+        buyers=buyers, units=units, per_buyer_limit=limit, hold_seconds=hold_seconds,
+        concurrency=concurrency,
+    )  # fmt: skip
+    console.print(
+        f"[bold]Flash sale[/]: {plan.buyers:,} buyers (then {plan.late_crowd:,} late ones) for "
+        f"{plan.units:,} units, limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s,"
+        f" {plan.concurrency} in flight"
+    )
+    _verdict(lambda: run_demo(plan, report_dir=report_dir, console=console))
+
+
+@commands.command()
+def bench(
+    url: str = typer.Option(..., help="The deployment's base URL, e.g. http://127.0.0.1:8000."),
+    admin_token: str | None = typer.Option(
+        None, envvar="SECKILL_ADMIN_TOKEN", help="An admin token (default: minted from the keys)."
+    ),
+    database_url: str | None = typer.Option(
+        None, help="The deployment's SQL database, to audit its order rows too."
+    ),
+    buyers: int = typer.Option(
+        _PLAN["buyers"], min=1, help="Buyers in the first crowd (a cap with --duration)."
+    ),
+    late_buyers: int | None = typer.Option(
+        _PLAN["late_buyers"],
+        min=0,
+        help="Buyers for the units that come back (default: a quarter of --buyers).",
+    ),
+    duration: float | None = typer.Option(
+        _PLAN["duration_s"],
+        min=0.1,
+        help="Seconds the first crowd keeps arriving (default: until --buyers).",
+    ),
+    units: int = _UNITS,
+    limit: int = _LIMIT,
+    hold_seconds: int = _HOLD,
+    concurrency: int = _CONCURRENCY,
+    pay: float = typer.Option(_PLAN["pay"], min=0, max=1, help="Share of holds paid."),
+    fail: float = typer.Option(
+        _PLAN["fail"], min=0, max=1, help="Share of holds whose payment fails."
+    ),
+    cancel: float = typer.Option(_PLAN["cancel"], min=0, max=1, help="Share of holds cancelled."),
+    replay: float = typer.Option(
+        _PLAN["replay"], min=0, max=1, help="Share of buyers who click twice."
+    ),
+    seed: int = typer.Option(_PLAN["seed"], help="The crowd's random seed."),
+    report_dir: Path = _REPORT_DIR,
+) -> None:
+    """Rehearse a sale against a running deployment and print the verdict.
+
+    A new item, the crowd over HTTP, per outcome req/s and latency, then the verdict (exit 1 if
+    any check fails, 2 if the sale could not be set up). Buyer tokens and payment notices are
+    signed with the deployment's keys, read from the same SECKILL_* settings it runs with.
+    """
+    from seckill.crowd.client import Credentials
+    from seckill.crowd.rehearsal import rehearse
+
+    plan = _plan(
+        buyers=buyers, late_buyers=late_buyers, duration_s=duration, units=units,
+        per_buyer_limit=limit, hold_seconds=hold_seconds, concurrency=concurrency, pay=pay,
+        fail=fail, cancel=cancel, replay=replay, seed=seed,
+    )  # fmt: skip
+    try:
+        credentials = Credentials.from_settings(current_settings(), admin_token=admin_token)
+    except ValueError as exc:
+        abort(exc)
+
+    def run() -> bool:
+        rehearsal = rehearse(
+            url, plan, credentials, kind="bench", console=console, database_url=database_url,
+            report_dir=report_dir,
+        )  # fmt: skip
+        return asyncio.run(rehearsal).result["passed"]
+
+    _verdict(run)
+
+
+def _plan(**options: Any) -> CrowdPlan:
+    try:
+        return CrowdPlan(**options)
+    except ValueError as exc:
+        abort(exc)
+
+
+def _verdict(rehearse: Callable[[], bool]) -> NoReturn:
+    """Exit 0 if the rehearsal's verdicts all pass, 1 if one fails, 2 if it could not run."""
+    import aiohttp
+
+    from seckill.crowd.sale import SaleRefused
+    from seckill.demo import ServerFailed
+
+    try:
+        passed = rehearse()
+    except (ServerFailed, SaleRefused, aiohttp.ClientError) as exc:
+        abort(exc)
+    raise typer.Exit(0 if passed else 1)
