@@ -12,7 +12,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import HoldState
 from seckill.reconcile.records import compare_records
 from tests.api.conftest import Api
 from tests.polling import wait_until

@@ -19,7 +19,8 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 
-from seckill.domain.holds import HoldState, ReleaseReason, Reservation
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import HoldState, Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine

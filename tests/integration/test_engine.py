@@ -8,7 +8,8 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.audit import audit_item

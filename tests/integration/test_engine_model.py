@@ -36,12 +36,12 @@ from hypothesis.stateful import (
 )
 from redis.asyncio import Redis
 
+from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import (
     Hold,
     HoldState,
     HoldTransition,
     PaymentSettlement,
-    ReleaseReason,
     Reservation,
 )
 from seckill.domain.items import SaleItem, Stock

@@ -14,8 +14,14 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
-from seckill.domain.holds import ReleaseReason
+from seckill.domain.events import (
+    AheadOfStream,
+    BadEvent,
+    EventKind,
+    ReleaseReason,
+    StockEvent,
+    decode_event,
+)
 from seckill.domain.items import Stock
 from seckill.domain.outcomes import Outcome
 from seckill.domain.times import ms_to_datetime

@@ -12,7 +12,8 @@ from typing import Any, cast
 import pytest
 from redis.asyncio import Redis
 
-from seckill.domain.holds import HoldState, PaymentSettlement, ReleaseReason
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import HoldState, PaymentSettlement
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome

@@ -24,7 +24,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 from sqlalchemy import func, select
 
-from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine

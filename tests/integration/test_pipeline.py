@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from seckill.domain.events import decode_event
-from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.events import ReleaseReason, decode_event
+from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import GROUP, stream_drained

@@ -7,7 +7,8 @@ from collections import Counter
 
 from redis.asyncio import Redis
 
-from seckill.domain.holds import HoldState, ReleaseReason
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine

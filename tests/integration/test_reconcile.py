@@ -9,7 +9,7 @@ import random
 import pytest
 from sqlalchemy import delete, update
 
-from seckill.domain.holds import ReleaseReason
+from seckill.domain.events import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine.audit import audit_item
 from seckill.reconcile.drift import Drift

@@ -14,7 +14,7 @@ from pathlib import Path
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import func, select
 
-from seckill.domain.holds import ReleaseReason
+from seckill.domain.events import ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts

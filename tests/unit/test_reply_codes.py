@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from seckill.domain.holds import ReleaseReason
+from seckill.domain.events import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, Outcome
 from seckill.engine.scripts import ITEM_SCRIPTS, LUA_DIR, ScriptName
 

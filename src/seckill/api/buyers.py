@@ -13,9 +13,9 @@ from seckill.api.paths import PURCHASE_ROUTE, ItemId
 from seckill.api.schemas import BuyIn, ItemOut, OrderId, OrderOut, ReservationOut
 from seckill.api.tickets import TicketHeader
 from seckill.domain.outcomes import Outcome
+from seckill.domain.times import ms_to_datetime
 from seckill.services.items import ItemOnSale, item_on_sale
 from seckill.services.orders import OrderView
-from seckill.store.tables import ms_to_datetime
 
 router = APIRouter(prefix="/api/v1", tags=["buyers"])
 Ctx = Annotated[Context, Depends(context)]

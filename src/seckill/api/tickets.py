@@ -21,8 +21,8 @@ from seckill.api.auth import BuyerIdentity
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
 from seckill.api.paths import ItemId
+from seckill.domain.times import ms_to_datetime
 from seckill.security.tickets import TICKET_HEADER
-from seckill.store.tables import ms_to_datetime
 
 router = APIRouter(prefix="/api/v1", tags=["buyers"])
 Ctx = Annotated[Context, Depends(context)]

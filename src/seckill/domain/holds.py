@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from seckill.domain.events import ReleaseReason as ReleaseReason  # re-exported: a hold's reason
+from seckill.domain.events import ReleaseReason
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import Outcome
 

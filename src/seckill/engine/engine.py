@@ -14,12 +14,12 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from seckill.domain import rules
+from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import (
     Hold,
     HoldState,
     HoldTransition,
     PaymentSettlement,
-    ReleaseReason,
     Reservation,
 )
 from seckill.domain.items import STOCK_FIELDS, SaleItem, Stock

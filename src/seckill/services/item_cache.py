@@ -41,11 +41,11 @@ from redis.exceptions import RedisError
 
 from seckill.config import Settings
 from seckill.domain.items import ItemRecord
+from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
 from seckill.engine.leases import Lease
 from seckill.observability import metrics
-from seckill.store.tables import datetime_to_ms
 
 log = logging.getLogger(__name__)
 

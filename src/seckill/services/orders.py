@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 
 from seckill.domain import rules
-from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement, ReleaseReason
+from seckill.domain.events import ReleaseReason
+from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement
+from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RedisEngine
 from seckill.store.ledger import Ledger
-from seckill.store.tables import datetime_to_ms
 
 
 class OrderNotFound(LookupError):

@@ -28,10 +28,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from seckill.domain.orders import OrderStatus
 
-# Their home is the domain; re-exported for the readers of rows that store them.
-from seckill.domain.times import datetime_to_ms as datetime_to_ms
-from seckill.domain.times import ms_to_datetime as ms_to_datetime
-
 # An autoincrement BIGINT that SQLite accepts as its rowid alias.
 BigId = BigInteger().with_variant(Integer, "sqlite")
 
