@@ -48,7 +48,7 @@ from typing import Annotated, Any
 
 import uvicorn
 import uvloop
-from fastapi import Body, Depends, FastAPI, Header, Path, Request
+from fastapi import Body, Depends, FastAPI, Header, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import (
     BigInteger,
@@ -68,7 +68,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from seckill.api.admission import RETRY_AFTER, Admission
 from seckill.api.errors import ApiError, documented, install_error_handlers
 from seckill.api.limits import BodySizeLimit
-from seckill.api.paths import is_purchase
+from seckill.api.paths import PURCHASE_ROUTE, ItemId, is_purchase
 from seckill.api.responses import send_json
 from seckill.api.schemas import BuyIn, ReservationOut
 from seckill.config import Settings
@@ -329,14 +329,14 @@ def create_baseline_app(
     install_error_handlers(app)
 
     @app.post(
-        "/api/v1/items/{item_id}/orders",
+        PURCHASE_ROUTE,
         status_code=202,
         response_model=ReservationOut,
         responses=documented(400, 401, 403, 404, 409, 413, 422, 503),
     )
     async def buy(
         request: Request,
-        item_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+        item_id: ItemId,
         buyer: BuyerId,
         idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
         body: Annotated[BuyIn | None, Body()] = None,
