@@ -3,7 +3,7 @@ the engine sells them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 
 from seckill.domain import rules
@@ -81,6 +81,11 @@ class NewItem:
             per_buyer_limit=self.per_buyer_limit,
             hold_ms=self.hold_seconds * 1000 if isinstance(self.hold_seconds, int) else None,
         )
+
+
+# What an admin says of an item: NewItem's fields, which are also the items table's columns and
+# the fields an ItemRecord adds its id to.
+ITEM_FIELDS = tuple(f.name for f in fields(NewItem))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

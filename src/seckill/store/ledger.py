@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from seckill.domain.events import EventKind, StockEvent
-from seckill.domain.items import STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
+from seckill.domain.items import ITEM_FIELDS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
 from seckill.domain.orders import OrderStatus
 from seckill.store.landing import land_batch
 from seckill.store.records import (
@@ -31,16 +31,7 @@ from seckill.store.tables import DeadLetter, Inventory, Item, Order, Repair, Sto
 
 
 def _item_record(row: Any) -> ItemRecord:
-    return ItemRecord(
-        item_id=row.id,
-        name=row.name,
-        price_cents=row.price_cents,
-        total=row.total,
-        starts_at=row.starts_at,
-        ends_at=row.ends_at,
-        per_buyer_limit=row.per_buyer_limit,
-        hold_seconds=row.hold_seconds,
-    )
+    return ItemRecord(item_id=row.id, **{name: getattr(row, name) for name in ITEM_FIELDS})
 
 
 class Ledger:
@@ -65,13 +56,7 @@ class Ledger:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 insert(Item).values(
-                    name=item.name,
-                    price_cents=item.price_cents,
-                    total=item.total,
-                    starts_at=item.starts_at,
-                    ends_at=item.ends_at,
-                    per_buyer_limit=item.per_buyer_limit,
-                    hold_seconds=item.hold_seconds,
+                    **{name: getattr(item, name) for name in ITEM_FIELDS},
                     created_at=datetime.now(UTC),
                 )
             )
