@@ -2,4 +2,5 @@
 
 from seckill.cli import app
 
-app()
+if __name__ == "__main__":  # importing the module (walking the package) runs nothing
+    app()

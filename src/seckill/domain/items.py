@@ -56,8 +56,9 @@ class Stock:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class NewItem:
-    """An item to put on sale, as an admin describes it. Construction validates."""
+class SaleTerms:
+    """What an admin says of an item: name, price, stock, sale window, per-buyer limit and time
+    to pay. The same names are the items table's columns."""
 
     name: str
     price_cents: int
@@ -66,6 +67,14 @@ class NewItem:
     ends_at: datetime
     per_buyer_limit: int
     hold_seconds: int
+
+
+SALE_TERMS = tuple(f.name for f in fields(SaleTerms))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewItem(SaleTerms):
+    """An item to put on sale, as an admin describes it. Construction validates."""
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.name) <= 200:
@@ -83,23 +92,12 @@ class NewItem:
         )
 
 
-# What an admin says of an item: NewItem's fields, which are also the items table's columns and
-# the fields an ItemRecord adds its id to.
-ITEM_FIELDS = tuple(f.name for f in fields(NewItem))
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ItemRecord:
-    """An item as SQL records it: what buyers see, and what warming loads."""
+class ItemRecord(SaleTerms):
+    """An item as SQL records it (its terms and its id): what buyers see, and what warming
+    loads. Not validated again: it was, as a NewItem, when it was created."""
 
     item_id: int
-    name: str
-    price_cents: int
-    total: int
-    starts_at: datetime
-    ends_at: datetime
-    per_buyer_limit: int
-    hold_seconds: int
 
     def sale_item(self) -> SaleItem:
         """The item as the engine sells it: times in milliseconds."""

@@ -16,7 +16,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from seckill.domain.events import EventKind, StockEvent
-from seckill.domain.items import ITEM_FIELDS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
+from seckill.domain.items import SALE_TERMS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
 from seckill.domain.orders import OrderStatus
 from seckill.store.landing import land_batch
 from seckill.store.records import (
@@ -31,7 +31,7 @@ from seckill.store.tables import DeadLetter, Inventory, Item, Order, Repair, Sto
 
 
 def _item_record(row: Any) -> ItemRecord:
-    return ItemRecord(item_id=row.id, **{name: getattr(row, name) for name in ITEM_FIELDS})
+    return ItemRecord(item_id=row.id, **{name: getattr(row, name) for name in SALE_TERMS})
 
 
 class Ledger:
@@ -56,7 +56,7 @@ class Ledger:
         async with self.engine.begin() as conn:
             result = await conn.execute(
                 insert(Item).values(
-                    **{name: getattr(item, name) for name in ITEM_FIELDS},
+                    **{name: getattr(item, name) for name in SALE_TERMS},
                     created_at=datetime.now(UTC),
                 )
             )
