@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from seckill.domain import rules
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement
+from seckill.domain.orders import OrderStatus
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RedisEngine
 from seckill.store.ledger import Ledger
@@ -29,7 +30,7 @@ class OrderView:
     item_id: int
     buyer: str
     quantity: int
-    status: str  # held | paid | released | refund_required, the words of the orders table
+    status: OrderStatus
     release_reason: str | None
     pay_before_ms: int | None
 
