@@ -21,6 +21,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from seckill.domain.items import NewItem, SaleItem
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
+from seckill.redis_cluster import LocalCluster
 from seckill.redis_server import RedisServer, bundled_redis_server, server_version
 from seckill.store.database import create_database, drop_database, open_database
 from seckill.store.ledger import Ledger
@@ -28,7 +29,7 @@ from seckill.store.migrate import upgrade
 from seckill.store.tables import Base
 
 
-def _redis7_binary() -> str:
+def redis7_binary() -> str:
     binary = os.environ.get("SECKILL_TEST_REDIS7_BIN") or shutil.which("redis-server")
     if not binary:
         pytest.fail("no redis-server 7 on PATH (apt-get install redis-server)")
@@ -39,9 +40,18 @@ def _redis7_binary() -> str:
 
 @pytest.fixture(scope="session", params=["redis6.2", "redis7"])
 def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    binary = bundled_redis_server() if request.param == "redis6.2" else _redis7_binary()
+    binary = bundled_redis_server() if request.param == "redis6.2" else redis7_binary()
     with RedisServer(binary=binary) as server:
         yield server
+
+
+@pytest.fixture(scope="module", params=["redis6.2", "redis7"])
+def redis_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    """A real Redis Cluster on loopback: 3 masters with a replica each, and a short node
+    timeout so that a killed master's replica takes over within a few seconds."""
+    binary = bundled_redis_server() if request.param == "redis6.2" else redis7_binary()
+    with LocalCluster(masters=3, replicas=1, binary=binary, node_timeout_ms=1_000) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -67,11 +68,13 @@ class RedisServer:
         data_dir: Path | None = None,
         port: int | None = None,
         appendonly: bool = False,
+        extra_args: Sequence[str] = (),
         start_timeout: float = 10.0,
     ) -> None:
         self.binary = Path(binary) if binary else bundled_redis_server()
         self.port = port
         self.appendonly = appendonly
+        self.extra_args = tuple(extra_args)  # more redis-server options (e.g. cluster mode)
         self._start_timeout = start_timeout
         self._given_dir = data_dir
         self._dir: Path | None = None
@@ -121,6 +124,7 @@ class RedisServer:
             ]
         else:
             args += ["--port", str(self.port), "--bind", "127.0.0.1"]
+        args += self.extra_args
         self.process = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,

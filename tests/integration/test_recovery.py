@@ -24,7 +24,7 @@ from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order
-from tests.conftest import _redis7_binary, new_item
+from tests.conftest import new_item, redis7_binary
 from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_reconcile import assert_invariants
 
@@ -79,7 +79,7 @@ async def test_redis_back_from_an_older_aof_is_found_recovered_and_sells_on(
 ) -> None:
     rng = random.Random(11)
     data_dir = tmp_path / "redis"
-    server = RedisServer(binary=_redis7_binary(), data_dir=data_dir, appendonly=True).start()
+    server = RedisServer(binary=redis7_binary(), data_dir=data_dir, appendonly=True).start()
     ids = OrderIds(733)
     open_holds: list[int] = []
     try:

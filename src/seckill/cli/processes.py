@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from seckill.cli.common import abort, overridden, setting_default, start_process
+from seckill.cli.common import (
+    abort,
+    console,
+    current_settings,
+    overridden,
+    setting_default,
+    start_process,
+)
 
 if TYPE_CHECKING:
     from seckill.config import Settings
@@ -133,3 +142,39 @@ def worker_reconciler(
         start_process(), reconcile_interval_seconds=interval, reconcile_repair=repair
     )
     _run(settings, api=False, workers=("reconciler",))
+
+
+@commands.command("dev-cluster")
+def dev_cluster(
+    masters: int = typer.Option(3, min=1, max=16, help="Primaries; the slots are split evenly."),
+    replicas: int = typer.Option(1, min=0, max=4, help="Replicas of each primary."),
+    node_timeout_ms: int = typer.Option(
+        2_000, min=100, help="How long a primary may be unreachable before a replica takes over."
+    ),
+) -> None:
+    """Run a Redis Cluster on loopback ports until Ctrl-C or SIGTERM, for trying things on one.
+
+    The nodes run the redis-server of SECKILL_REDIS_SERVER_BIN (default: the bundled 6.2) and
+    keep nothing once stopped.
+    """
+    from seckill.redis_cluster import LocalCluster
+    from seckill.redis_server import RedisServerError
+
+    binary = current_settings().redis_server_bin or None
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    cluster = LocalCluster(
+        masters=masters, replicas=replicas, binary=binary, node_timeout_ms=node_timeout_ms
+    )
+    try:
+        with cluster:
+            primaries = ", ".join(map(str, cluster.primary_ports()))
+            console.print(
+                f"Redis Cluster up: {masters} primaries (ports {primaries}), {replicas} replica(s)"
+                f" each.\n{cluster.url}  (any node: a cluster client finds the others)",
+                highlight=False,
+            )
+            stop.wait()
+    except RedisServerError as exc:
+        abort(exc)
