@@ -144,9 +144,9 @@ def _out(snapshot: DashboardSnapshot) -> DashboardOut:
                     held=view.stock.held,
                     sold=view.stock.sold,
                 ),
-                backlog=view.backlog,
-                pending=view.pending,
-                lag=view.lag,
+                backlog=view.persister.backlog,
+                pending=view.persister.pending,
+                lag=view.persister.lag,
                 dead_letters=view.dead_letters,
             )
             for view in snapshot.items

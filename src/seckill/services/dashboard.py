@@ -17,16 +17,15 @@ from typing import cast
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from seckill.domain.items import Stock
+from seckill.domain.items import STOCK_FIELDS, Stock
 from seckill.engine.engine import RedisEngine
-from seckill.engine.streams import GROUP, read_progress
+from seckill.engine.streams import GROUP, GroupProgress, read_progress
 from seckill.observability import metrics
 from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
 
 # The registry holds every item ever loaded; a page about the sale at hand shows the newest.
 MAX_ITEMS = 50
-_STOCK_FIELDS = ("total", "available", "held", "sold")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +34,8 @@ class ItemView:
 
     item_id: int
     stock: Stock | None  # None: not in Redis (never warmed, or Redis lost it)
-    pending: int  # delivered to the persister, not acknowledged yet
-    lag: int  # not delivered to the persister yet
+    persister: GroupProgress  # where the persister stands in the item's stream
     dead_letters: int | None  # not replayed yet; None when SQL did not answer
-
-    @property
-    def backlog(self) -> int:
-        """Entries the persister has not landed yet (as ``seckill.engine.streams.backlog``)."""
-        return self.pending + self.lag
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,18 +92,10 @@ async def take_snapshot(
         engine.item_count(),
     )
     dead, database_available = await _dead_letters(engine, ledger, chosen)
-    views = []
-    for item_id, stock, stream in zip(chosen, stocks, streams, strict=True):
-        progress = stream.of(GROUP)
-        views.append(
-            ItemView(
-                item_id=item_id,
-                stock=stock,
-                pending=progress.pending,
-                lag=progress.lag,
-                dead_letters=dead.get(item_id),
-            )
-        )
+    views = [
+        ItemView(item_id, stock, stream.of(GROUP), dead.get(item_id))
+        for item_id, stock, stream in zip(chosen, stocks, streams, strict=True)
+    ]
     return DashboardSnapshot(
         server_time_ms=server_time_ms,
         items=views,
@@ -127,7 +112,7 @@ async def _clock_and_stock(
     async with engine.redis.pipeline(transaction=False) as pipe:
         pipe.time()
         for item_id in item_ids:
-            pipe.hmget(engine.keys(item_id).item, list(_STOCK_FIELDS))
+            pipe.hmget(engine.keys(item_id).item, list(STOCK_FIELDS))
         (sec, usec), *counters = await pipe.execute()
     stocks = []
     for values in cast(list[list[str | None]], counters):
