@@ -90,8 +90,7 @@ class BodyLimit:
             if message["type"] != "http.request":
                 raise ClientGone
             body += bytes(message.get("body", b""))
-            if len(body) > self.max_bytes:
-                raise BodyTooLarge(self.message)
+            self.check(len(body))
             if not message.get("more_body", False):
                 return body
 
