@@ -12,12 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +32,7 @@ from sqlalchemy.engine import make_url
 
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
-from seckill.redis_server import RedisServer, bundled_redis_server
+from seckill.redis_server import RedisServer, bundled_redis_server, die_with_parent
 from seckill.security.tokens import token_codec
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: ``benchmarks`` is a package in it
@@ -85,12 +83,6 @@ def durable_redis(binary: str | None, data_dir: Path) -> RedisServer:
 # -- processes we own ----------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # Linux: if a benchmark is killed outright, the servers it started go too.
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def child_env(settings: Mapping[str, object]) -> dict[str, str]:
     """This environment minus every SECKILL_* variable, plus ``settings``: the servers see
     exactly what the benchmark sets (and, run from a temporary directory, no ``.env``)."""
@@ -109,7 +101,7 @@ def running(
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
         try:
             yield process

@@ -47,8 +47,9 @@ def server_version(binary: str | Path) -> tuple[int, ...]:
     raise RedisServerError(f"cannot read the version of {binary}: {out.stdout!r}")
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # Linux: if this program is killed outright, its redis-server goes too instead of lingering.
+def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """A ``preexec_fn``: on Linux, the child gets SIGTERM when this program dies, even killed
+    outright, so a server it started never lingers."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
@@ -129,7 +130,7 @@ class RedisServer:
             args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,  # it writes to its log file; _log_tail reads that
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         self._wait_ready()
         return self
