@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 
 from seckill.domain.items import NewItem, SaleItem
 from seckill.engine.engine import RedisEngine
@@ -52,6 +53,15 @@ def redis_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     binary = bundled_redis_server() if request.param == "redis6.2" else redis7_binary()
     with LocalCluster(masters=3, replicas=1, binary=binary, node_timeout_ms=1_000) as cluster:
         yield cluster
+
+
+@pytest.fixture
+async def cluster_redis(redis_cluster: LocalCluster) -> AsyncIterator[RedisCluster]:
+    """A cluster client of ``redis_cluster``, every primary flushed first."""
+    client = RedisCluster.from_url(redis_cluster.url, decode_responses=True)
+    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    await client.aclose()
 
 
 @pytest.fixture

@@ -1,10 +1,17 @@
-"""The owner-token lease on a real Redis: one owner at a time; only the owner renews or drops."""
+"""The owner-token lease on a real Redis: one owner at a time; only the owner renews or drops.
+
+One contract, run on one Redis and on a Redis Cluster (each on 6.2 and 7): a lease is one key,
+so on a cluster it lives on whichever primary owns its slot, reached through the cluster client.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
+import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from seckill.engine.leases import Lease
 from seckill.engine.scripts import Scripts
@@ -14,7 +21,7 @@ def lease(redis: Redis, scripts: Scripts, *, ttl_ms: int = 60_000) -> Lease:
     return Lease(redis, scripts=scripts, key="t:lease", ttl_ms=ttl_ms)
 
 
-async def test_one_owner_at_a_time(redis: Redis, scripts: Scripts) -> None:
+async def one_owner_at_a_time(redis: Redis, scripts: Scripts) -> None:
     first, second = lease(redis, scripts), lease(redis, scripts)
     assert await first.acquire()
     assert not await second.acquire()
@@ -24,7 +31,7 @@ async def test_one_owner_at_a_time(redis: Redis, scripts: Scripts) -> None:
     assert await second.acquire()
 
 
-async def test_a_renewal_holds_the_lease_a_full_ttl_more(redis: Redis, scripts: Scripts) -> None:
+async def a_renewal_holds_the_lease_a_full_ttl_more(redis: Redis, scripts: Scripts) -> None:
     held = lease(redis, scripts)
     assert await held.acquire()
     await redis.pexpire("t:lease", 100)  # as if most of the lease had gone by
@@ -32,7 +39,7 @@ async def test_a_renewal_holds_the_lease_a_full_ttl_more(redis: Redis, scripts: 
     assert await redis.pttl("t:lease") > 59_000
 
 
-async def test_a_late_renewal_changes_nothing(redis: Redis, scripts: Scripts) -> None:
+async def a_late_renewal_changes_nothing(redis: Redis, scripts: Scripts) -> None:
     late, other = lease(redis, scripts, ttl_ms=100), lease(redis, scripts)
     assert await late.acquire()
     await asyncio.sleep(0.2)  # lapsed: anyone may take it now
@@ -43,9 +50,31 @@ async def test_a_late_renewal_changes_nothing(redis: Redis, scripts: Scripts) ->
     assert await other.renew()
 
 
-async def test_a_lease_never_acquired_is_not_ours(redis: Redis, scripts: Scripts) -> None:
+async def a_lease_never_acquired_is_not_ours(redis: Redis, scripts: Scripts) -> None:
     await redis.set("t:lease", "someone", px=60_000)
     never = lease(redis, scripts)
     assert not await never.renew()
     await never.drop()
     assert await redis.get("t:lease") == "someone"
+
+
+Check = Callable[[Redis, Scripts], Awaitable[None]]
+CONTRACT: list[Check] = [
+    one_owner_at_a_time,
+    a_renewal_holds_the_lease_a_full_ttl_more,
+    a_late_renewal_changes_nothing,
+    a_lease_never_acquired_is_not_ours,
+]
+_IDS = [check.__name__ for check in CONTRACT]
+
+
+@pytest.mark.parametrize("check", CONTRACT, ids=_IDS)
+async def test_on_one_redis(check: Check, redis: Redis, scripts: Scripts) -> None:
+    await check(redis, scripts)
+
+
+@pytest.mark.parametrize("check", CONTRACT, ids=_IDS)
+async def test_on_a_cluster(check: Check, cluster_redis: RedisCluster) -> None:
+    scripts = Scripts(cluster_redis)  # type: ignore[arg-type]  # routed by each call's key
+    await scripts.load()
+    await check(cluster_redis, scripts)  # type: ignore[arg-type]
