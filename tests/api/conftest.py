@@ -21,7 +21,6 @@ from redis.asyncio import Redis
 from seckill.api.app import create_app
 from seckill.bootstrap import Runtime, open_runtime
 from seckill.config import Settings
-from seckill.redis_server import RedisServer
 from seckill.security.signatures import SIGNATURE_HEADER, sign
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
@@ -29,14 +28,15 @@ from seckill.serve import WorkerKind, build_worker, listening_socket
 from seckill.services.tickets import TicketGate
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
+from tests.conftest import RedisTarget, redis_settings
 
 JWT_SECRET = "test-jwt-secret-" + "x" * 32
 PAYMENT_SECRET = "test-payment-secret-" + "y" * 32
 
 
-def api_settings(*, redis_url: str, database_url: str, data_dir: Path, **more: Any) -> Settings:
+def api_settings(*, database_url: str, data_dir: Path, **more: Any) -> Settings:
+    """Settings for a test API; ``more`` names the Redis (see ``redis_settings``) and the rest."""
     return Settings(
-        redis_url=redis_url,
         database_url=database_url,
         data_dir=data_dir,
         jwt_secret=JWT_SECRET,
@@ -245,21 +245,21 @@ async def running_api(
 
 @pytest.fixture
 async def api(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Api]:
     """A live API, no workers, on the session's Redis (flushed) and SQL database (emptied)."""
-    settings = api_settings(redis_url=redis_server.url, database_url=sql_url, data_dir=tmp_path)
+    settings = api_settings(**redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path)
     async with running_api(settings) as live:
         yield live
 
 
 @pytest.fixture
 async def served(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Api]:
     """The API with its persister and a reaper passing every 50 ms, as `seckill serve` runs."""
     settings = api_settings(
-        redis_url=redis_server.url,
+        **redis_settings(redis_server),
         database_url=sql_url,
         data_dir=tmp_path,
         reaper_interval_seconds=0.05,

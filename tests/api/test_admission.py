@@ -15,10 +15,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from benchmarks.baselines import AdmissionLimit
 from seckill.api.admission import Admission
-from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
 from seckill.store.ledger import Ledger
 from tests.api.conftest import api_settings, running_api
+from tests.conftest import RedisTarget, redis_settings
 
 
 class HeldApp:
@@ -115,13 +115,13 @@ def test_the_counter() -> None:
         Admission(0)
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 @pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 async def test_a_crowd_over_the_limit_gets_some_503s_and_stock_stays_consistent(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     settings = api_settings(
-        redis_url=redis_server.url,
+        **redis_settings(redis_server),
         database_url=sql_url,
         data_dir=tmp_path,
         admission_max_in_flight=1,

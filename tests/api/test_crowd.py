@@ -18,7 +18,7 @@ from seckill.store.tables import Order
 from tests.api.conftest import PAYMENT_SECRET, Api
 
 # One Redis (the engine suites cover both versions); every SQL backend.
-pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+pytestmark = pytest.mark.redis_variants("redis7")
 
 PLAN = CrowdPlan(
     buyers=120, late_buyers=40, units=12, per_buyer_limit=2, hold_seconds=1, concurrency=16

@@ -18,11 +18,11 @@ from seckill.security.tickets import TICKET_HEADER
 from seckill.serve import WorkerKind
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Api, api_settings, running_api
-from tests.conftest import SERVER_BACKENDS
+from tests.conftest import SERVER_BACKENDS, RedisTarget, redis_settings
 from tests.polling import wait_until
 from tests.tcp_proxy import TcpProxy
 
-single_redis = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 
 
@@ -74,14 +74,14 @@ async def test_redis_down_means_503_and_nothing_accepted(
 @single_redis
 @pytest.mark.parametrize("sql_url", SERVER_BACKENDS, indirect=True)
 async def test_sql_down_buying_goes_on_admin_writes_503_and_the_backlog_lands(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     url = make_url(sql_url)
     assert url.host
     proxy = TcpProxy(url.host, url.port or (5432 if "postgresql" in sql_url else 3306))
     await proxy.start()
     proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    settings = api_settings(redis_url=redis_server.url, database_url=proxied, data_dir=tmp_path)
+    settings = api_settings(**redis_settings(redis_server), database_url=proxied, data_dir=tmp_path)
     try:
         async with running_api(settings, workers=(WorkerKind.PERSISTER,)) as api:
             item_id = await api.create_item(total=50)

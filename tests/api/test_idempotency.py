@@ -10,7 +10,7 @@ import pytest
 from tests.api.conftest import Api
 
 pytestmark = [
-    pytest.mark.parametrize("redis_server", ["redis7"], indirect=True),
+    pytest.mark.redis_variants("redis7"),
     pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True),
 ]
 

@@ -15,13 +15,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from redis.asyncio import Redis
 
-from seckill.redis_server import RedisServer
 from seckill.security.tokens import Role, TokenCodec
 from seckill.store.ledger import Ledger
 from tests.api.conftest import JWT_SECRET, Api, api_settings, running_api
+from tests.conftest import RedisTarget, redis_settings
 
 pytestmark = [
-    pytest.mark.parametrize("redis_server", ["redis7"], indirect=True),
+    pytest.mark.redis_variants("redis7"),
     pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True),
 ]
 
@@ -122,7 +122,7 @@ async def test_a_buyer_sees_and_cancels_only_their_own_orders(api: Api) -> None:
 
 
 async def test_rs256_tokens(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     private = tmp_path / "private.pem"
@@ -140,7 +140,7 @@ async def test_rs256_tokens(
         )
     )
     settings = api_settings(
-        redis_url=redis_server.url,
+        **redis_settings(redis_server),
         database_url=sql_url,
         data_dir=tmp_path,
         jwt_algorithm="RS256",

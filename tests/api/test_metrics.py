@@ -33,15 +33,15 @@ from seckill.config import Settings
 from seckill.engine.keys import item_keys
 from seckill.observability import metrics
 from seckill.reconcile.drift import Drift
-from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
 from seckill.serve import WorkerKind, build_worker
 from seckill.store.ledger import Ledger
 from tests.api.conftest import JWT_SECRET, PAYMENT_SECRET, Answer, Api, api_settings, running_api
 from tests.api.test_admission import call, status
+from tests.conftest import RedisTarget, redis_settings
 
-single_redis = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 
 TICKETS_ROUTE = "/api/v1/items/{item_id}/tickets"
@@ -94,11 +94,11 @@ async def scrape(api: Api) -> Samples:
 
 @pytest.fixture
 async def metered(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Api]:
     """The API with its persister and reaper; windows long enough for any machine's pace."""
     settings = api_settings(
-        redis_url=redis_server.url,
+        **redis_settings(redis_server),
         database_url=sql_url,
         data_dir=tmp_path,
         reaper_interval_seconds=0.05,
@@ -325,7 +325,7 @@ def wait_listening(child: subprocess.Popen[bytes], log: Path) -> str:
 @single_redis
 @sqlite_only
 async def test_any_api_process_shows_the_sum_of_every_process(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     metrics_dir = tmp_path / "metrics"
     env = {

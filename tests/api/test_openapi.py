@@ -29,11 +29,11 @@ from schemathesis.specs.openapi.checks import (
 from seckill.api.app import create_app
 from seckill.bootstrap import open_runtime
 from seckill.config import Settings
-from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
 from seckill.serve import listening_socket
 from seckill.store.tables import Base
+from tests.conftest import RedisTarget, redis_settings
 
 # One Redis and one SQL backend: the schema and the routes do not differ between them.
 pytestmark = pytest.mark.parametrize(
@@ -113,10 +113,10 @@ class LiveServer:
 
 @pytest.fixture(scope="module")
 def live_server(
-    redis_server: RedisServer, sql_url: str, tmp_path_factory: pytest.TempPathFactory
+    redis_server: RedisTarget, sql_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     app_settings = Settings(
-        redis_url=redis_server.url,
+        **redis_settings(redis_server),
         database_url=sql_url,
         data_dir=tmp_path_factory.mktemp("openapi"),
         worker_id=3,

@@ -19,7 +19,7 @@ from tests.api.conftest import Api
 from tests.polling import wait_until
 
 pytestmark = [
-    pytest.mark.parametrize("redis_server", ["redis7"], indirect=True),
+    pytest.mark.redis_variants("redis7"),
     pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True),
 ]
 

@@ -11,7 +11,7 @@ import pytest
 from seckill.domain.holds import HoldState
 from tests.api.conftest import Api
 
-pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+pytestmark = pytest.mark.redis_variants("redis7")
 
 
 async def held_order(api: Api, *, hold_seconds: int = 60) -> tuple[int, str]:

@@ -16,7 +16,7 @@ from tests.api.conftest import Answer, Api
 from tests.polling import wait_until
 
 # One Redis (the engine suites cover both versions); every SQL backend.
-pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+pytestmark = pytest.mark.redis_variants("redis7", "cluster")
 
 BUYERS = 3_000
 UNITS = 100

@@ -22,13 +22,12 @@ from redis.asyncio import Redis
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
-from seckill.redis_server import RedisServer
 from seckill.services.purchases import Purchases
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Api, api_settings, running_api
-from tests.conftest import open_item
+from tests.conftest import RedisTarget, open_item, redis_settings
 
-single_redis = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 
 STAMPEDE = 200
@@ -38,10 +37,10 @@ MARGIN_S = 0.25  # a request's own round trip, on a slow machine too
 
 @contextlib.asynccontextmanager
 async def live_api(
-    redis_server: RedisServer, sql_url: str, tmp_path: Path, **more: Any
+    redis_server: RedisTarget, sql_url: str, tmp_path: Path, **more: Any
 ) -> AsyncIterator[Api]:
     settings = api_settings(
-        redis_url=redis_server.url, database_url=sql_url, data_dir=tmp_path, **more
+        **redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path, **more
     )
     async with running_api(settings) as api:
         yield api
@@ -64,7 +63,7 @@ async def sell_out(api: Api, item_id: int) -> None:
 @single_redis
 @sqlite_only
 async def test_after_a_sell_out_a_stampede_makes_no_script_call(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     recheck_ms = 30_000  # the stampede must fit in the window however slow the machine
     async with live_api(redis_server, sql_url, tmp_path, sold_out_recheck_ms=recheck_ms) as api:
@@ -87,7 +86,7 @@ async def test_after_a_sell_out_a_stampede_makes_no_script_call(
 @single_redis
 @sqlite_only
 async def test_while_flagged_a_repeat_of_a_reservation_still_gets_its_first_answer(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     async with live_api(redis_server, sql_url, tmp_path, sold_out_recheck_ms=30_000) as api:
         item_id = await api.create_item(total=1)
@@ -105,7 +104,7 @@ async def test_while_flagged_a_repeat_of_a_reservation_still_gets_its_first_answ
 @single_redis
 @sqlite_only
 async def test_a_released_unit_is_sold_again_within_the_recheck_interval(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     async with live_api(redis_server, sql_url, tmp_path, sold_out_recheck_ms=RECHECK_MS) as api:
         item_id = await api.create_item(total=1)
@@ -143,7 +142,7 @@ async def test_a_released_unit_is_sold_again_within_the_recheck_interval(
 @single_redis
 @sqlite_only
 async def test_a_buyer_over_the_rate_limit_gets_429_with_retry_after(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     window_s = 60  # long in real time, so the attempts below all fall in one window
     async with live_api(

@@ -16,13 +16,13 @@ from redis.asyncio import Redis
 
 from seckill.api.app import create_app
 from seckill.config import Settings
-from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER, BadTicket, TicketCodec, ticket_secret
 from seckill.services.tickets import ADMITTED, GateDecision
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Answer, Api, api_settings, running_api
+from tests.conftest import RedisTarget, redis_settings
 
-single_redis = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 
 KEY = "k" * 32
@@ -163,10 +163,10 @@ class WaitingRoom:
 
 @single_redis
 async def test_a_gate_that_refuses_answers_429_with_retry_after(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     gate = WaitingRoom({"alice"})
-    settings = api_settings(redis_url=redis_server.url, database_url=sql_url, data_dir=tmp_path)
+    settings = api_settings(**redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path)
     async with running_api(settings, ticket_gate=gate) as api:
         item_id = await api.create_item(total=5)
         refused = await api.issue_ticket(item_id, "mallory")
@@ -185,10 +185,13 @@ async def test_a_gate_that_refuses_answers_429_with_retry_after(
 @single_redis
 @sqlite_only
 async def test_a_ticket_expires_after_its_ttl(
-    redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     settings = api_settings(
-        redis_url=redis_server.url, database_url=sql_url, data_dir=tmp_path, ticket_ttl_seconds=1
+        **redis_settings(redis_server),
+        database_url=sql_url,
+        data_dir=tmp_path,
+        ticket_ttl_seconds=1,
     )
     async with running_api(settings) as api:
         item_id = await api.create_item(total=5)

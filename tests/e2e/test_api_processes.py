@@ -23,7 +23,7 @@ from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials
 from seckill.redis_server import RedisServer
 
-pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+pytestmark = pytest.mark.redis_variants("redis7")
 
 BUYERS = 40
 

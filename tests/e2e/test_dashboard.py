@@ -23,7 +23,7 @@ from tests.chromium import CHROMIUM_ARGS, chromium_path
 
 # One Redis and one SQL backend: the page does not differ between them.
 pytestmark = [
-    pytest.mark.parametrize("redis_server", ["redis7"], indirect=True),
+    pytest.mark.redis_variants("redis7"),
     pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True),
 ]
 

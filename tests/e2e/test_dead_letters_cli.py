@@ -40,7 +40,7 @@ async def restore_item(ledger: Ledger, item_id: int, item: NewItem) -> None:
         )  # fmt: skip
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 async def test_replay_lands_a_dead_letter_once_its_cause_is_fixed(
     redis_server: RedisServer,
     redis: Redis,

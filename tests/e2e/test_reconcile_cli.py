@@ -19,7 +19,7 @@ from tests.integration.test_pipeline import Sale, drain
 from tests.seckill_cli import seckill
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 async def test_reconcile_reports_repairs_and_recover_rebuilds(
     redis_server: RedisServer,
     redis: Redis,

@@ -82,7 +82,7 @@ async def proxied_ledger(sql_url: str) -> AsyncIterator[tuple[Ledger, TcpProxy]]
     assert proxy.active == 0
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 @pytest.mark.parametrize("sql_url", SERVER_BACKENDS, indirect=True)
 async def test_sales_go_on_while_the_database_is_cut_and_the_backlog_lands_after(
     engine: RedisEngine,

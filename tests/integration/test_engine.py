@@ -16,6 +16,8 @@ from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from tests.conftest import ManualClock, open_item
 
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
+
 ids = OrderIds(1)
 
 

@@ -24,6 +24,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, TypeVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -34,7 +35,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from redis.asyncio import Redis
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import (
@@ -49,8 +49,9 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
-from seckill.redis_server import RedisServer
-from tests.conftest import ManualClock
+from tests.conftest import ManualClock, RedisTarget, client_of, flush
+
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 START_MS = 1_800_000_000_000  # a fixed epoch (2027), so a failing example replays exactly
 IDEMPOTENCY_TTL_MS = 3_600_000  # Redis-time PX; no real hour passes within one example
@@ -240,12 +241,12 @@ class EngineModel(RuleBasedStateMachine):
     """Bound to a live loop and a redis-server by the test below (see the test at the end)."""
 
     runner: ClassVar[asyncio.Runner]
-    url: ClassVar[str]
+    target: ClassVar[RedisTarget]
 
     def __init__(self) -> None:
         super().__init__()
         self.clock = ManualClock(START_MS)
-        self.redis = Redis.from_url(self.url, decode_responses=True)
+        self.redis = client_of(self.target, max_connections=8)
         scripts = Scripts(self.redis)
         self.runner.run(self.start_clean(scripts))
         self.engine = RedisEngine(
@@ -257,7 +258,7 @@ class EngineModel(RuleBasedStateMachine):
         self.granted: list[tuple[int, str, str, int, Reservation]] = []
 
     async def start_clean(self, scripts: Scripts) -> None:
-        await self.redis.flushall()
+        await flush(self.redis)
         await scripts.load()
 
     def call(self, item_id: int, coro: Coroutine[Any, Any, T]) -> T:
@@ -536,7 +537,8 @@ class EngineModel(RuleBasedStateMachine):
 
     async def snapshot(self, item_id: int) -> Snapshot:
         engine, redis = self.engine, self.redis
-        names = sorted(map(str, await redis.keys(engine.keys(item_id).idempotency_prefix + "*")))
+        pattern = engine.keys(item_id).idempotency_prefix + "*"
+        names = sorted([str(name) async for name in redis.scan_iter(match=pattern)])
         records = [json.loads(str(raw)) for raw in await redis.mget(names)] if names else []
         payments = {
             payment_id: json.loads(raw)
@@ -590,13 +592,13 @@ class EngineModel(RuleBasedStateMachine):
             assert seen.payments == model.payments, f"item {item_id} payment records"
 
 
-def test_engine_matches_model(redis_server: RedisServer) -> None:
+def test_engine_matches_model(redis_server: RedisTarget) -> None:
     # loop_factory keeps the Runner from installing (and later clearing) the thread's loop.
     with asyncio.Runner(loop_factory=asyncio.new_event_loop) as loop_runner:
 
         class BoundEngineModel(EngineModel):
             runner = loop_runner
-            url = redis_server.url
+            target = redis_server
 
         run_state_machine_as_test(BoundEngineModel, settings=MODEL_SETTINGS)
 

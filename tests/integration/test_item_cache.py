@@ -171,7 +171,7 @@ def summed(found: list[dict[str, Any]], key: str) -> Counter[Any]:
     return total
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 async def test_10000_readers_of_a_cold_item_in_two_processes_query_sql_once(
     redis_server: RedisServer, engine: RedisEngine, ledger: Ledger, sql_url: str
 ) -> None:
@@ -193,7 +193,7 @@ async def test_10000_readers_of_a_cold_item_in_two_processes_query_sql_once(
     assert stats["redis_hits"] == 1
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 async def test_unknown_ids_query_sql_once_per_id_per_absence_ttl(
     redis_server: RedisServer, redis: Redis, ledger: Ledger, sql_url: str
 ) -> None:
@@ -466,7 +466,7 @@ async def test_items_on_sale_are_those_not_ended(ledger: Ledger) -> None:
     assert ended not in on_sale
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 async def test_seckill_warm_loads_every_item_not_ended_with_its_card(
     redis_server: RedisServer,
     redis: Redis,

@@ -190,7 +190,7 @@ REFUND_LANDINGS = {
 }
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+@pytest.mark.redis_variants("redis7")
 @pytest.mark.parametrize("late", ["after a cancel", "past the deadline"])
 @pytest.mark.parametrize("landing", list(REFUND_LANDINGS))
 async def test_a_refund_lands_in_any_order_as_refund_required(

@@ -21,7 +21,7 @@ from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from tests.conftest import ManualClock, open_item
 
-pytestmark = pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)
+pytestmark = pytest.mark.redis_variants("redis7")
 
 ids = OrderIds(6)
 

@@ -196,7 +196,7 @@ async def kill_persisters(
     return in_hand
 
 
-@pytest.mark.parametrize("redis_server", ["redis7"], indirect=True)  # one Redis is enough here
+@pytest.mark.redis_variants("redis7")  # one Redis is enough here
 async def test_kill_9_of_persisters_mid_batch_loses_and_duplicates_nothing(
     redis_server: RedisServer,
     redis: Redis,

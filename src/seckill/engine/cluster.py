@@ -1,21 +1,220 @@
 """One Redis or a Redis Cluster: the same engine runs on both.
 
 Every key of an item shares the hash tag ``{item:<id>}``, so each script and each read of one
-item touches one slot. What differs on a cluster is only where a command goes: redis-py's
-``RedisCluster`` routes each by its key; commands over keys of several slots (one XREADGROUP over
-every stream) must be split per key.
+item touches one slot. On a cluster only the way there differs: redis-py's ``RedisCluster``
+routes each command by its key, following MOVED and ASK; the purchase path's batches
+(``ClusterPipeliner``) go to the node that owns each key's slot; the few calls that must share
+one connection (a write script and its WAIT) go through ``send_on_node``.
+
+A slot whose primary is down answers with redis-py's ConnectionError (the API's 503) until its
+replica is promoted; the slot map is then read again, and calls resume without a restart.
 """
 
 from __future__ import annotations
 
-from typing import TypeAlias
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit, urlunsplit
 
-from redis.asyncio import Redis
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import EncodableT
+
+from seckill.engine.pipelining import DEFAULT_CONNECTIONS, Pipeliner
 
 RedisClient: TypeAlias = Redis | RedisCluster
 """A client of one Redis, or of a Redis Cluster (configured by ``Settings.redis_cluster``)."""
 
+# A slot map read again at most this often after a node failed: a down primary fails its calls
+# at once, and its replica's promotion is seen within this long of the next call.
+REFRESH_EVERY_S = 0.25
+# MOVED, ASK and TRYAGAIN followed for one call before it fails (a slot migrating twice at once).
+MAX_REDIRECTS = 5
+_TRYAGAIN_PAUSE_S = 0.02
+
 
 def is_cluster(redis: RedisClient) -> bool:
     return isinstance(redis, RedisCluster)
+
+
+def connect(url: str, *, cluster: bool, max_connections: int) -> RedisClient:
+    """A client of the Redis at ``url``, or of the cluster that ``url`` is a node of.
+
+    ``max_connections`` bounds the one-Redis pool, where a burst beyond it waits. redis-py's
+    cluster client cannot wait (past its bound a call fails), so on a cluster it is left
+    unbounded: a burst opens what it needs per node, and the connections stay for the next.
+    """
+    if cluster:
+        return RedisCluster.from_url(url, decode_responses=True)
+    pool = BlockingConnectionPool.from_url(
+        url, decode_responses=True, max_connections=max_connections
+    )
+    return Redis.from_pool(pool)  # the client owns the pool and closes it
+
+
+def routing_key(args: Sequence[EncodableT]) -> str:
+    """The key a command's slot is taken from: EVALSHA's first key, else the first argument."""
+    name = str(args[0]).upper()
+    if name in ("EVALSHA", "EVAL"):
+        if int(args[2]) < 1:
+            raise ValueError(f"{name} with no key cannot be routed on a cluster")
+        return str(args[3])
+    return str(args[1])
+
+
+def node_url(seed_url: str, node: ClusterNode) -> str:
+    """``seed_url`` (its scheme, credentials and options) pointed at ``node``."""
+    parts = urlsplit(seed_url)
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@{node.host}:{node.port}" if credentials else f"{node.host}:{node.port}"
+    return urlunsplit(parts._replace(netloc=netloc, path=""))
+
+
+class SlotMap:
+    """The cluster client's map of slots to nodes, read again after a node failed (at most every
+    ``REFRESH_EVERY_S``, one reading at a time)."""
+
+    def __init__(self, cluster: RedisCluster) -> None:
+        self.cluster = cluster
+        self._next_refresh = 0.0
+        self._refreshing: asyncio.Task[None] | None = None
+
+    def node_for(self, key: str) -> ClusterNode:
+        try:
+            node = self.cluster.get_node_from_key(key)
+        except RedisClusterException as exc:  # the slot has no known owner now
+            self.node_failed()
+            raise RedisConnectionError(f"no Redis Cluster node serves {key!r} now: {exc}") from exc
+        assert node is not None  # a primary is always asked for
+        return node
+
+    def node_failed(self) -> None:
+        now = time.monotonic()
+        if now < self._next_refresh or (self._refreshing and not self._refreshing.done()):
+            return
+        self._next_refresh = now + REFRESH_EVERY_S
+        self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
+            await self.cluster.nodes_manager.initialize()
+        except Exception:
+            self._next_refresh = 0.0
+
+    async def aclose(self) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.gather(self._refreshing, return_exceptions=True)
+
+
+class ClusterPipeliner:
+    """A ``Pipeliner`` per primary: each command joins the batch of the node owning its key.
+
+    A reply that redirects (MOVED, ASK: the slot moved or is moving; TRYAGAIN) concerns only its
+    own command, which is sent again through redis-py's cluster client: it follows the redirect
+    and updates the slot map, so the next commands of that slot go to the new owner directly.
+    A node that fails its connection fails only its own batch (see ``pipelining``).
+    """
+
+    def __init__(
+        self, cluster: RedisCluster, *, seed_url: str, connections: int = DEFAULT_CONNECTIONS
+    ) -> None:
+        self._slots = SlotMap(cluster)
+        self._seed_url = seed_url
+        self._connections = connections
+        self._by_node: dict[str, Pipeliner] = {}
+
+    @property
+    def slots(self) -> SlotMap:
+        return self._slots
+
+    def batch_sizes(self) -> dict[str, Any]:
+        return {name: pipeliner.batch_sizes for name, pipeliner in self._by_node.items()}
+
+    async def execute(self, *args: EncodableT) -> Any:
+        node = self._slots.node_for(routing_key(args))
+        pipeliner = self._by_node.get(node.name)
+        if pipeliner is None:
+            pipeliner = Pipeliner(node_url(self._seed_url, node), connections=self._connections)
+            self._by_node[node.name] = pipeliner
+        try:
+            return await pipeliner.execute(*args)
+        except (MovedError, AskError, TryAgainError, ClusterDownError):
+            return await self._slots.cluster.execute_command(*args)
+        except (RedisConnectionError, RedisTimeoutError):
+            self._slots.node_failed()
+            raise
+
+    async def aclose(self) -> None:
+        await self._slots.aclose()
+        await asyncio.gather(*(p.aclose() for p in self._by_node.values()))
+
+
+async def send_on_node(
+    slots: SlotMap, key: str, commands: Sequence[Sequence[EncodableT]]
+) -> list[Any]:
+    """Send ``commands`` on one connection of the node that owns ``key``'s slot; their replies,
+    error replies as exceptions in the list. For commands that must share a connection (a
+    write and the WAIT that counts its replicas). The first command is the keyed one: a redirect
+    of its reply sends them all again to the slot's owner."""
+    asking: ClusterNode | None = None
+    for _ in range(MAX_REDIRECTS):
+        node = asking or slots.node_for(key)
+        sent = ([("ASKING",)] if asking else []) + list(commands)
+        try:
+            replies = await _send(node, sent)
+        except (RedisConnectionError, RedisTimeoutError):
+            slots.node_failed()
+            raise
+        replies = replies[1:] if asking else replies
+        first, asking = replies[0], None
+        if isinstance(first, MovedError):  # (a subclass of AskError)
+            await slots.cluster.nodes_manager.move_slot(first)
+        elif isinstance(first, AskError):
+            asking = slots.cluster.get_node(host=first.host, port=first.port)
+            if asking is None:
+                await slots.cluster.nodes_manager.initialize()
+        elif isinstance(first, TryAgainError | ClusterDownError):
+            await asyncio.sleep(_TRYAGAIN_PAUSE_S)
+        else:
+            return replies
+    raise RedisConnectionError(f"the slot of {key!r} kept moving: tried {MAX_REDIRECTS} times")
+
+
+async def _send(node: ClusterNode, commands: Sequence[Sequence[EncodableT]]) -> list[Any]:
+    connection = node.acquire_connection()
+    try:
+        await connection.send_packed_command(connection.pack_commands(commands))
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(await connection.read_response(disable_decoding=False))
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
+    except BaseException:
+        await connection.disconnect()  # replies may be left unread
+        raise
+    finally:
+        node.release(connection)
+
+
+async def time_ms(redis: RedisClient, key: str) -> int:
+    """Redis's clock (epoch ms) on the server that holds ``key``: the clock its scripts read."""
+    if isinstance(redis, RedisCluster):
+        sec, usec = await redis.time(target_nodes=redis.get_node_from_key(key))
+    else:
+        sec, usec = await redis.time()
+    return int(sec) * 1000 + int(usec) // 1000

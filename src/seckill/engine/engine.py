@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from seckill.domain import rules
@@ -24,6 +23,7 @@ from seckill.domain.holds import (
 )
 from seckill.domain.items import STOCK_FIELDS, SaleItem, Stock
 from seckill.domain.outcomes import Outcome
+from seckill.engine.cluster import RedisClient, time_ms
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
 from seckill.engine.scripts import ScriptName, Scripts
 
@@ -53,7 +53,8 @@ class ItemSnapshot:
 
     ``events`` is the stream as it stood (everything not yet trimmed, which includes every entry
     not yet landed); ``last_event_id`` the stream's last generated id ("0-0": no stream), the
-    position this snapshot is as of. O(holds + stream): for audits and the reconciler.
+    position this snapshot is as of. ``now_ms``: the item's server's clock read just before.
+    O(holds + stream): for audits and the reconciler.
     """
 
     item_id: int
@@ -91,7 +92,7 @@ _REPAIR_BATCH = 1_000
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
 
 
-async def registered_items(redis: Redis, prefix: str = DEFAULT_PREFIX) -> list[int]:
+async def registered_items(redis: RedisClient, prefix: str = DEFAULT_PREFIX) -> list[int]:
     """Every item ever loaded, ascending: the one read of the items registry, for a worker that
     holds a connection rather than an engine (others ask ``RedisEngine.item_ids``)."""
     members = cast(set[str], await redis.smembers(items_registry(prefix)))
@@ -111,7 +112,7 @@ class RedisEngine:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         scripts: Scripts,
         idempotency_ttl_ms: int,
@@ -131,7 +132,7 @@ class RedisEngine:
         )
 
     @property
-    def redis(self) -> Redis:
+    def redis(self) -> RedisClient:
         return self._redis
 
     @property
@@ -410,6 +411,10 @@ class RedisEngine:
 
     async def snapshot(self, item_id: int) -> ItemSnapshot:
         keys = self.keys(item_id)
+        # Read just before the transaction, on the item's own server (a cluster refuses TIME in
+        # a transaction of one slot): a lower bound of the snapshot's instant, so a hold is
+        # never judged overdue early.
+        now_ms = await time_ms(self._redis, keys.item)
         async with self._redis.pipeline(transaction=True) as tx:
             tx.hgetall(keys.item)
             tx.hgetall(keys.holds)
@@ -417,10 +422,7 @@ class RedisEngine:
             tx.zrange(keys.deadlines, 0, -1, withscores=True)
             tx.xrange(keys.events)
             tx.xinfo_stream(keys.events)
-            tx.time()
-            item, holds, buyers, deadlines, events, stream, (sec, usec) = await tx.execute(
-                raise_on_error=False
-            )
+            item, holds, buyers, deadlines, events, stream = await tx.execute(raise_on_error=False)
         if isinstance(stream, ResponseError):  # no such key: the stream was never written
             stream = {"last-generated-id": "0-0"}
         for reply in (item, holds, buyers, deadlines, events):
@@ -439,7 +441,7 @@ class RedisEngine:
             deadlines={int(o): int(score) for o, score in deadlines},
             events=cast(list[tuple[str, dict[str, str]]], events),
             last_event_id=str(stream["last-generated-id"]),
-            now_ms=int(sec) * 1000 + int(usec) // 1000,
+            now_ms=now_ms,
         )
 
     async def last_event_id(self, item_id: int) -> str:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import secrets
 
-from redis.asyncio import Redis
-
+from seckill.engine.cluster import RedisClient
 from seckill.engine.scripts import ScriptName, Scripts
 
 
@@ -26,7 +25,7 @@ class Lease:
     the lease before it could lapse, not when a renewal fails.
     """
 
-    def __init__(self, redis: Redis, *, scripts: Scripts, key: str, ttl_ms: int) -> None:
+    def __init__(self, redis: RedisClient, *, scripts: Scripts, key: str, ttl_ms: int) -> None:
         self._redis = redis
         self._scripts = scripts
         self._ttl_ms = ttl_ms

@@ -5,7 +5,9 @@ Each item script is ``_common.lua`` followed by its own file. A server that lost
 retries once, which is safe because a NOSCRIPT reply means the script did not run.
 
 With a ``Pipeliner``, plain calls are sent in batches with the other calls of the same event-loop
-tick (see ``pipelining``): one round trip for many purchases.
+tick (see ``pipelining``): one round trip for many purchases. On a Redis Cluster, a
+``ClusterPipeliner`` batches per node, and SCRIPT LOAD goes to every primary (redis-py's cluster
+client sends it to all), also when a NOSCRIPT comes from a replica promoted since.
 
 With a ``Durability``, each write script is sent together with ``WAIT`` in one round trip, and an
 answer that reports a write is returned only once enough replicas have acknowledged it. These
@@ -21,10 +23,11 @@ from enum import StrEnum
 from importlib.resources import files
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.engine.cluster import ClusterPipeliner, RedisClient, SlotMap, send_on_node
 from seckill.engine.pipelining import Pipeliner
 from seckill.observability import metrics
 
@@ -136,7 +139,7 @@ def _refusal(exc: ResponseError) -> InvalidRequest | None:
 
 
 class Scripts:
-    """Every script of the engine, ready to call on one Redis client.
+    """Every script of the engine, ready to call on one Redis client (or one cluster's).
 
     ``durability`` None answers as soon as the primary ran the script ("fast").
     ``pipeliner``: sends the plain (not waited) calls, batched; ``redis`` still loads scripts.
@@ -144,14 +147,20 @@ class Scripts:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         *,
         durability: Durability | None = None,
-        pipeliner: Pipeliner | None = None,
+        pipeliner: Pipeliner | ClusterPipeliner | None = None,
     ) -> None:
         self._redis = redis
         self._durability = durability
         self._pipeliner = pipeliner
+        # On a cluster, a write and its WAIT go together to the node of the write's keys.
+        self._slots: SlotMap | None = None
+        if isinstance(pipeliner, ClusterPipeliner):
+            self._slots = pipeliner.slots
+        elif isinstance(redis, RedisCluster):
+            self._slots = SlotMap(redis)
         self._scripts = {
             name: Script(name, src, hashlib.sha1(src.encode()).hexdigest())
             for name in ScriptName
@@ -171,7 +180,7 @@ class Scripts:
         return self._durability
 
     @property
-    def pipeliner(self) -> Pipeliner | None:
+    def pipeliner(self) -> Pipeliner | ClusterPipeliner | None:
         return self._pipeliner
 
     async def call(self, name: ScriptName, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
@@ -238,6 +247,11 @@ class Scripts:
         args: tuple[Any, ...],
         durability: Durability,
     ) -> tuple[Any, Any]:
+        if self._slots is not None:
+            evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            wait = ("WAIT", durability.replicas, durability.timeout_ms)
+            reply, acked = await send_on_node(self._slots, keys[0], (evalsha, wait))
+            return reply, acked
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
             pipe.wait(durability.replicas, durability.timeout_ms)

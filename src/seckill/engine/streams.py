@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.observability import metrics
 
@@ -74,7 +74,7 @@ def group_progress(group: Mapping[str, Any], *, unread: int | None = None) -> Gr
     return GroupProgress(pending=int(group["pending"]), lag=int(lag))
 
 
-async def read_progress(redis: Redis, streams: Sequence[str]) -> list[StreamProgress]:
+async def read_progress(redis: RedisClient, streams: Sequence[str]) -> list[StreamProgress]:
     """Length and groups of every stream, in order: one pipeline (XLEN and XINFO GROUPS of
     each), and one more to count the unread entries of groups Redis gave no lag for."""
     if not streams:
@@ -117,7 +117,9 @@ async def read_progress(redis: Redis, streams: Sequence[str]) -> list[StreamProg
     ]
 
 
-async def count_unread(redis: Redis, groups: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int]:
+async def count_unread(
+    redis: RedisClient, groups: Sequence[tuple[str, Mapping[str, Any]]]
+) -> list[int]:
     """For each (stream, XINFO GROUPS entry): the entries after the group's last delivered one,
     up to ``UNREAD_COUNT_CAP``, in one pipeline. Counted rather than compared with the newest
     id: the last delivered entry may have been deleted, and then it is never delivered."""
@@ -136,7 +138,7 @@ async def backlog(engine: RedisEngine, item_id: int) -> int:
     return stream.of(GROUP).backlog
 
 
-async def stream_drained(redis: Redis, stream: str) -> bool:
+async def stream_drained(redis: RedisClient, stream: str) -> bool:
     """Has every consumer group of the stream received and acknowledged every entry?"""
     [progress] = await read_progress(redis, [stream])
     return progress.drained

@@ -1,4 +1,4 @@
-"""Leasing an order-id worker id from Redis, so no two live processes share one.
+"""Leasing an order-id worker id from RedisClient, so no two live processes share one.
 
 A process claims the first free ``seckill:worker-id:<n>`` (n in 0..1023, scanning from a random
 start) as a ``Lease`` (see leases), and renews it every third of the lease.
@@ -17,9 +17,8 @@ import random
 import time
 from collections.abc import AsyncIterator
 
-from redis.asyncio import Redis
-
 from seckill.domain.ids import MAX_WORKER_ID, OrderIds
+from seckill.engine.cluster import RedisClient
 from seckill.engine.keys import worker_id_key
 from seckill.engine.leases import Lease
 from seckill.engine.scripts import Scripts
@@ -35,7 +34,7 @@ class WorkerIdLease:
     """One of the 1,024 worker ids, leased: ``acquire()`` takes a free one, ``renew()`` keeps it
     and extends its generator's validity, ``drop()`` frees it."""
 
-    def __init__(self, redis: Redis, *, scripts: Scripts, prefix: str, ttl_ms: int) -> None:
+    def __init__(self, redis: RedisClient, *, scripts: Scripts, prefix: str, ttl_ms: int) -> None:
         self._redis = redis
         self._scripts = scripts
         self._prefix = prefix
@@ -91,7 +90,7 @@ class WorkerIdLease:
 
 @contextlib.asynccontextmanager
 async def leased_order_ids(
-    redis: Redis, *, scripts: Scripts, prefix: str, ttl_ms: int
+    redis: RedisClient, *, scripts: Scripts, prefix: str, ttl_ms: int
 ) -> AsyncIterator[OrderIds]:
     """An order-id generator on a leased worker id, renewed in the background while in use."""
     lease = WorkerIdLease(redis, scripts=scripts, prefix=prefix, ttl_ms=ttl_ms)

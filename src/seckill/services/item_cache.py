@@ -36,12 +36,12 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from seckill.config import Settings
 from seckill.domain.items import ItemRecord
 from seckill.domain.times import datetime_to_ms
+from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
 from seckill.engine.leases import Lease
@@ -68,7 +68,7 @@ class ItemCacheStats:
     """Counters since the cache was made, for tests and metrics.
 
     Every read is counted exactly once in one of: ``local_hits`` (in memory), ``absent_hits``
-    (known absent, in memory or in Redis), ``coalesced`` (awaited a load another reader in
+    (known absent, in memory or in RedisClient), ``coalesced`` (awaited a load another reader in
     this process started), ``redis_hits`` (a fresh card), ``stale_hits`` (a stale card, while
     another process reloads it) or ``sql_loads`` (read SQL, found or not). ``lock_waits`` counts
     loads that found the lock taken and polled for the card; ``unlocked_loads`` those that then
@@ -182,7 +182,7 @@ class ItemCache:
         clock: Callable[[], int] = _wall_clock_ms,
     ) -> None:
         self._engine = engine
-        self._redis: Redis = engine.redis
+        self._redis: RedisClient = engine.redis
         self._source = source
         self._prefix = prefix
         self._local_s = local_seconds

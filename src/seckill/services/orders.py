@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redis.asyncio import Redis
-
 from seckill.domain import rules
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement
 from seckill.domain.orders import OrderStatus
 from seckill.domain.times import datetime_to_ms
+from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.store.ledger import Ledger
 
@@ -50,7 +49,7 @@ def _from_hold(item_id: int, hold: Hold) -> OrderView:
 class OrderBook:
     """Finds orders by id and moves them: cancel, and the payment provider's notices."""
 
-    def __init__(self, *, redis: Redis, engine: RedisEngine, ledger: Ledger) -> None:
+    def __init__(self, *, redis: RedisClient, engine: RedisEngine, ledger: Ledger) -> None:
         self._redis = redis
         self._engine = engine
         self._ledger = ledger

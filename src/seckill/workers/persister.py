@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from seckill.domain.events import (
@@ -41,6 +40,7 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
+from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import registered_items
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
 from seckill.engine.streams import GROUP
@@ -88,7 +88,7 @@ class Persister:
     def __init__(
         self,
         *,
-        redis: Redis,
+        redis: RedisClient,
         ledger: Ledger,
         prefix: str = DEFAULT_PREFIX,
         consumer: str | None = None,

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from redis.asyncio import Redis
-
+from seckill.engine.cluster import RedisClient
 from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
 from seckill.engine.scripts import Scripts
@@ -29,7 +28,7 @@ class ReconcilerWorker:
         self,
         *,
         reconciler: Reconciler,
-        redis: Redis,
+        redis: RedisClient,
         scripts: Scripts,
         prefix: str,
         interval_s: float,
