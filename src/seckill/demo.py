@@ -2,7 +2,8 @@
 
 ``seckill serve`` (the API, persister, reaper and reconciler) starts in a child process on a
 free port with a throwaway data directory: its own embedded redis-server and SQLite file, unless
-SECKILL_REDIS_URL / SECKILL_DATABASE_URL say otherwise. The crowd (``seckill.crowd``) then
+SECKILL_REDIS_URL / SECKILL_DATABASE_URL say otherwise; with ``redis_cluster`` masters, a local
+Redis Cluster (``seckill.redis_cluster``) started for the demo. The crowd (``seckill.crowd``) then
 rushes it through HTTP exactly as ``seckill bench`` rushes a real deployment, and audits what
 it left, reading SQL directly as well.
 """
@@ -27,6 +28,7 @@ from seckill.config import Settings
 from seckill.crowd.client import Credentials
 from seckill.crowd.plan import CrowdPlan
 from seckill.crowd.rehearsal import rehearse
+from seckill.redis_cluster import LocalCluster
 
 STARTUP_LIMIT_S = 60
 STOP_LIMIT_S = 30
@@ -37,17 +39,32 @@ class ServerFailed(RuntimeError):
     """The demo's server did not start; the message carries the end of its log."""
 
 
-def run_demo(plan: CrowdPlan, *, report_dir: Path, console: Console) -> bool:
+def run_demo(
+    plan: CrowdPlan, *, report_dir: Path, console: Console, redis_cluster: int = 0
+) -> bool:
     """Serve on a throwaway data directory, rush it with ``plan``'s crowd, audit what it left;
-    True if every verdict passes. Raises ServerFailed if the server did not start."""
+    True if every verdict passes. Raises ServerFailed if the server did not start.
+
+    ``redis_cluster``: that many masters (a replica each) of a local Redis Cluster, instead of
+    the embedded Redis."""
     # The demo's data directory is throwaway: it never touches the real one.
     with (
         tempfile.TemporaryDirectory(prefix="seckill-demo-") as scratch,
         contextlib.ExitStack() as stack,
     ):
         settings = demo_settings(Path(scratch))
+        redis_env: dict[str, str] = {}
+        if redis_cluster:
+            with console.status(f"starting a Redis Cluster of {redis_cluster} masters"):
+                cluster = stack.enter_context(
+                    LocalCluster(
+                        masters=redis_cluster, replicas=1, binary=settings.redis_server_bin or None
+                    )
+                )
+            console.print(f"Redis Cluster up: {redis_cluster} masters, a replica each")
+            redis_env = {"SECKILL_REDIS_URL": cluster.url, "SECKILL_REDIS_CLUSTER": "true"}
         with console.status("starting seckill serve: API, persister, reaper, reconciler"):
-            url = stack.enter_context(serving(settings.data_dir))
+            url = stack.enter_context(serving(settings.data_dir, redis_env))
         console.print(f"seckill serve is up on {url}; the crowd rushes in")
         credentials = Credentials.from_settings(settings)
         rehearsal = rehearse(
@@ -64,11 +81,13 @@ def demo_settings(data_dir: Path) -> Settings:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path) -> Iterator[str]:
-    """``seckill serve`` in a child process until exit; yields its base URL."""
+def serving(data_dir: Path, redis_env: dict[str, str] | None = None) -> Iterator[str]:
+    """``seckill serve`` in a child process until exit; yields its base URL. ``redis_env``
+    names a Redis other than the embedded one."""
     log_path = data_dir / "serve.log"
     env = {
         **os.environ,
+        **(redis_env or {}),
         "SECKILL_DATA_DIR": str(data_dir),
         "SECKILL_API_HOST": "127.0.0.1",
         "SECKILL_API_PORT": "0",  # a free port; the server logs which

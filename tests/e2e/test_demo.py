@@ -70,6 +70,19 @@ def test_the_demo_passes_its_verdicts_on_embedded_defaults(tmp_path: Path) -> No
     assert_page_shows(result, page)
 
 
+def test_the_demo_runs_on_a_local_redis_cluster(tmp_path: Path) -> None:
+    done = run(
+        "demo", "--redis-cluster", "3", "--buyers", "300", "--units", "10",
+        "--report-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Redis Cluster up: 3 masters" in done.stdout
+    assert "All checks pass." in done.stdout and "FAIL" not in done.stdout
+    result, _ = reports(tmp_path)
+    assert result["passed"] and [v["name"] for v in result["verdicts"]] == list(VERDICTS)
+
+
 def test_bench_rehearses_a_sale_on_a_running_deployment(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir()

@@ -29,9 +29,10 @@ def test_dev_cluster_serves_until_sigterm(binary: str) -> None:
         assert process.stdout is not None
         first = process.stdout.readline()
         assert re.match(r"Redis Cluster up: 2 primaries \(ports \d+, \d+\), 1 replica", first)
-        found = re.search(r"redis://127\.0\.0\.1:(\d+)", process.stdout.readline())
-        assert found, "no URL printed"
-        client = RedisCluster.from_url(found.group(0), decode_responses=True)
+        settings = process.stdout.readline()
+        found = re.search(r"SECKILL_REDIS_URL=(redis://127\.0\.0\.1:\d+)", settings)
+        assert found and "SECKILL_REDIS_CLUSTER=true" in settings, settings
+        client = RedisCluster.from_url(found.group(1), decode_responses=True)
         try:
             assert client.cluster_info()["cluster_state"] == "ok"
             # Roles from CLUSTER NODES: Redis 7 leaves a replica out of CLUSTER SLOTS until it

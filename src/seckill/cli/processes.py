@@ -172,7 +172,9 @@ def dev_cluster(
             primaries = ", ".join(map(str, cluster.primary_ports()))
             console.print(
                 f"Redis Cluster up: {masters} primaries (ports {primaries}), {replicas} replica(s)"
-                f" each.\n{cluster.url}  (any node: a cluster client finds the others)",
+                f" each; point seckill at it with\n"
+                f"SECKILL_REDIS_URL={cluster.url} SECKILL_REDIS_CLUSTER=true",
+                soft_wrap=True,  # the settings line stays one line to copy
                 highlight=False,
             )
             stop.wait()

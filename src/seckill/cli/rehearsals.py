@@ -33,6 +33,13 @@ def demo(
     hold_seconds: int = _HOLD,
     concurrency: int = _CONCURRENCY,
     report_dir: Path = _REPORT_DIR,
+    redis_cluster: int = typer.Option(
+        0,
+        min=0,
+        max=16,
+        help="Run on a local Redis Cluster of this many masters (a replica each), not the "
+        "embedded Redis.",
+    ),
 ) -> None:
     """A live flash sale on embedded defaults, rushed by a crowd over HTTP, and its verdict.
 
@@ -49,7 +56,9 @@ def demo(
         f"{plan.units:,} units, limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s,"
         f" {plan.concurrency} in flight"
     )
-    _verdict(lambda: run_demo(plan, report_dir=report_dir, console=console))
+    _verdict(
+        lambda: run_demo(plan, report_dir=report_dir, console=console, redis_cluster=redis_cluster)
+    )
 
 
 @commands.command()
