@@ -23,6 +23,7 @@ from seckill.api.responses import BodyTooLarge
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import WorkerIdLost
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.engine.cluster import SLOT_UNAVAILABLE
 from seckill.engine.scripts import NotDurable
 from seckill.security.signatures import BadSignature
 from seckill.security.tickets import BadTicket
@@ -129,6 +130,9 @@ def answer_for(exc: Exception) -> ApiError | None:
         # Outages: the request was not accepted; the client may retry (with the same key).
         case RedisConnectionError() | RedisTimeoutError():
             return ApiError(503, "redis_unavailable", "Redis is unreachable", {"Retry-After": "1"})
+        case _ if isinstance(exc, SLOT_UNAVAILABLE):
+            message = "this item's Redis Cluster slot is unavailable or moving"
+            return ApiError(503, "redis_unavailable", message, {"Retry-After": "1"})
         # Written on the primary but not yet on enough replicas: not a yes. A retry with the same
         # key replays the same answer, checked again.
         case NotDurable():
@@ -147,7 +151,7 @@ def answer_for(exc: Exception) -> ApiError | None:
 ANSWERED: tuple[type[Exception], ...] = (
     ApiError, InvalidRequest, UnknownItem, OrderNotFound, RequestInFlight, InvalidToken,
     BadSignature, BadTicket, SaleClosed, GateRefused, RedisConnectionError, RedisTimeoutError,
-    NotDurable, WorkerIdLost, SQLAlchemyError, OSError,
+    NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,
 )  # fmt: skip
 
 

@@ -37,6 +37,14 @@ from seckill.engine.pipelining import DEFAULT_CONNECTIONS, Pipeliner
 RedisClient: TypeAlias = Redis | RedisCluster
 """A client of one Redis, or of a Redis Cluster (configured by ``Settings.redis_cluster``)."""
 
+SLOT_UNAVAILABLE: tuple[type[Exception], ...] = (
+    ClusterDownError,  # CLUSTERDOWN, MASTERDOWN: the slot has no primary right now
+    TryAgainError,  # a multi-key call over a slot being migrated
+    AskError,  # (and MovedError) redirects still unresolved after redis-py's retries
+    RedisClusterException,  # no known node for the slot, the cluster unreachable
+)
+"""Cluster errors that mean "the slot cannot answer now": retrying later may succeed."""
+
 # A slot map read again at most this often after a node failed: a down primary fails its calls
 # at once, and its replica's promotion is seen within this long of the next call.
 REFRESH_EVERY_S = 0.25
