@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
 from redis.asyncio import Redis
 
 from seckill.domain.events import ReleaseReason
@@ -14,6 +15,8 @@ from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from seckill.workers.reaper import Reaper
 from tests.conftest import ManualClock, open_item
+
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 
 async def hold_many(

@@ -21,6 +21,8 @@ from seckill.workers.reconciler import ReconcilerWorker
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis, drain
 from tests.integration.test_pipeline import sale as sale  # the fixture: an item on sale
 
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
+
 GRACE_MS = 60_000
 
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import func, select
 
@@ -27,6 +28,8 @@ from seckill.store.tables import Order
 from tests.conftest import new_item, redis7_binary
 from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_reconcile import assert_invariants
+
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 AOF_FILES = ("appendonlydir", "appendonly.aof")  # Redis 7 keeps a directory, 6.2 one file
 

@@ -65,7 +65,7 @@ def connect(url: str, *, cluster: bool, max_connections: int) -> RedisClient:
     unbounded: a burst opens what it needs per node, and the connections stay for the next.
     """
     if cluster:
-        return RedisCluster.from_url(url, decode_responses=True)
+        return RedisCluster.from_url(url, decode_responses=True, max_connections=2**31)
     pool = BlockingConnectionPool.from_url(
         url, decode_responses=True, max_connections=max_connections
     )
