@@ -219,10 +219,12 @@ async def _send(node: ClusterNode, commands: Sequence[Sequence[EncodableT]]) -> 
         node.release(connection)
 
 
-async def time_ms(redis: RedisClient, key: str) -> int:
-    """Redis's clock (epoch ms) on the server that holds ``key``: the clock its scripts read."""
+async def time_ms(redis: RedisClient, key: str | None = None) -> int:
+    """Redis's clock (epoch ms): on a cluster, of the node that holds ``key`` (the clock its
+    scripts read), or of any node."""
     if isinstance(redis, RedisCluster):
-        sec, usec = await redis.time(target_nodes=redis.get_node_from_key(key))
+        node = redis.get_node_from_key(key) if key is not None else redis.get_random_node()
+        sec, usec = await redis.time(target_nodes=node)
     else:
         sec, usec = await redis.time()
     return int(sec) * 1000 + int(usec) // 1000

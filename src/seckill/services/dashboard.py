@@ -13,11 +13,12 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from seckill.domain.items import STOCK_FIELDS, Stock
+from seckill.engine.cluster import time_ms
 from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import GROUP, GroupProgress, read_progress
 from seckill.observability import metrics
@@ -108,17 +109,21 @@ async def take_snapshot(
 async def _clock_and_stock(
     engine: RedisEngine, item_ids: Sequence[int]
 ) -> tuple[int, list[Stock | None]]:
-    """Redis's clock (ms) and each item's counters (None: not in Redis), in one pipeline."""
-    async with engine.redis.pipeline(transaction=False) as pipe:
-        pipe.time()
-        for item_id in item_ids:
-            pipe.hmget(engine.keys(item_id).item, list(STOCK_FIELDS))
-        (sec, usec), *counters = await pipe.execute()
+    """Redis's clock (ms) and each item's counters (None: not in Redis), read side by side (a
+    cluster keeps TIME out of a pipeline)."""
+
+    async def counters() -> list[Any]:
+        async with engine.redis.pipeline(transaction=False) as pipe:
+            for item_id in item_ids:
+                pipe.hmget(engine.keys(item_id).item, list(STOCK_FIELDS))
+            return await pipe.execute()
+
+    now_ms, replies = await asyncio.gather(time_ms(engine.redis), counters())
     stocks = []
-    for values in cast(list[list[str | None]], counters):
+    for values in cast(list[list[str | None]], replies):
         missing = any(v is None for v in values)
         stocks.append(None if missing else Stock(*(int(v or 0) for v in values)))
-    return int(sec) * 1000 + int(usec) // 1000, stocks
+    return now_ms, stocks
 
 
 async def _dead_letters(
