@@ -10,11 +10,12 @@ from pathlib import Path
 
 
 def seckill(
-    *args: str, redis_url: str, sql_url: str, data_dir: Path
+    *args: str, redis_url: str, sql_url: str, data_dir: Path, redis_cluster: bool = False
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
     env |= {
         "SECKILL_REDIS_URL": redis_url,
+        "SECKILL_REDIS_CLUSTER": str(redis_cluster).lower(),
         "SECKILL_DATABASE_URL": sql_url,
         "SECKILL_DATA_DIR": str(data_dir),
         "COLUMNS": "200",

@@ -18,7 +18,9 @@ from seckill.engine.keys import worker_id_key
 from seckill.engine.scripts import Scripts
 from seckill.engine.worker_ids import NoFreeWorkerId, WorkerIdLease
 from seckill.redis_server import RedisServer, RedisServerError, bundled_redis_server, server_version
-from tests.conftest import open_item
+from tests.conftest import RedisTarget, client_of, open_item, redis_settings
+
+on_a_cluster_too = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 
 def test_the_bundled_server_is_redis_6_2() -> None:
@@ -66,10 +68,11 @@ async def test_the_embedded_default_keeps_its_state_across_restarts(tmp_path: Pa
         assert again.replayed and again.order_id == reservation.order_id
 
 
+@on_a_cluster_too
 async def test_a_configured_redis_url_starts_nothing(
-    redis_server: RedisServer, tmp_path: Path
+    redis_server: RedisTarget, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path, redis_url=redis_server.url, worker_id=9)
+    settings = Settings(data_dir=tmp_path, **redis_settings(redis_server), worker_id=9)
     async with open_runtime(settings) as runtime:
         assert runtime.embedded_redis is None
         assert runtime.order_ids.worker_id == 9
@@ -77,6 +80,7 @@ async def test_a_configured_redis_url_starts_nothing(
     assert not (tmp_path / "redis").exists()
 
 
+@on_a_cluster_too
 async def test_live_processes_never_share_a_worker_id(redis: Redis, scripts: Scripts) -> None:
     leases = [WorkerIdLease(redis, scripts=scripts, prefix="t", ttl_ms=60_000) for _ in range(50)]
     for lease in leases:
@@ -94,6 +98,7 @@ async def test_all_worker_ids_taken_is_a_clear_error(redis: Redis, scripts: Scri
         await WorkerIdLease(redis, scripts=scripts, prefix="t", ttl_ms=60_000).acquire()
 
 
+@on_a_cluster_too
 async def test_a_lease_taken_over_stops_its_ids(redis: Redis, scripts: Scripts) -> None:
     lease = WorkerIdLease(redis, scripts=scripts, prefix="t", ttl_ms=3_000)
     ids = await lease.acquire()
@@ -111,14 +116,17 @@ async def test_a_lease_taken_over_stops_its_ids(redis: Redis, scripts: Scripts) 
     assert await redis.get(worker_id_key(ids.worker_id, "t")) == "another process"
 
 
+@on_a_cluster_too
 async def test_the_lease_is_kept_alive_in_the_background(
-    redis_server: RedisServer, tmp_path: Path
+    redis_server: RedisTarget, tmp_path: Path
 ) -> None:
-    settings = Settings(data_dir=tmp_path, redis_url=redis_server.url, worker_id_lease_seconds=3)
+    settings = Settings(
+        data_dir=tmp_path, **redis_settings(redis_server), worker_id_lease_seconds=3
+    )
     async with open_runtime(settings) as runtime:
         await asyncio.sleep(3.5)  # longer than the lease: only renewals keep it
         assert runtime.order_ids.next() > 0
         key = worker_id_key(runtime.order_ids.worker_id)
         assert await runtime.redis.exists(key)
-    async with Redis.from_url(redis_server.url) as client:
+    async with client_of(redis_server) as client:
         assert not await client.exists(key)  # dropped on exit
