@@ -13,11 +13,10 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
 from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import stream_drained
-from seckill.redis_server import RedisServer
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Item
 from seckill.workers.persister import Persister, PersisterConfig
-from tests.conftest import new_item, open_item
+from tests.conftest import RedisTarget, new_item, open_item, redis_settings
 from tests.seckill_cli import seckill
 
 
@@ -40,9 +39,9 @@ async def restore_item(ledger: Ledger, item_id: int, item: NewItem) -> None:
         )  # fmt: skip
 
 
-@pytest.mark.redis_variants("redis7")
+@pytest.mark.redis_variants("redis7", "cluster")
 async def test_replay_lands_a_dead_letter_once_its_cause_is_fixed(
-    redis_server: RedisServer,
+    redis_server: RedisTarget,
     redis: Redis,
     engine: RedisEngine,
     ledger: Ledger,
@@ -63,7 +62,7 @@ async def test_replay_lands_a_dead_letter_once_its_cause_is_fixed(
     while not await stream_drained(redis, stream):
         await persister.run_once()
     assert len(await ledger.dead_letters()) == 2  # `loaded` and `reserved`
-    run = dict(redis_url=redis_server.url, sql_url=sql_url, data_dir=tmp_path)
+    run = dict(**redis_settings(redis_server), sql_url=sql_url, data_dir=tmp_path)
 
     listed = seckill("dead-letters", "list", **run)
     assert listed.returncode == 0, listed.stderr

@@ -11,17 +11,16 @@ from redis.asyncio import Redis
 
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
-from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
-from tests.conftest import new_item
+from tests.conftest import RedisTarget, flush, new_item, redis_settings
 from tests.integration.test_pipeline import Sale, drain
 from tests.seckill_cli import seckill
 
 
-@pytest.mark.redis_variants("redis7")
+@pytest.mark.redis_variants("redis7", "cluster")
 async def test_reconcile_reports_repairs_and_recover_rebuilds(
-    redis_server: RedisServer,
+    redis_server: RedisTarget,
     redis: Redis,
     engine: RedisEngine,
     ledger: Ledger,
@@ -35,7 +34,7 @@ async def test_reconcile_reports_repairs_and_recover_rebuilds(
     assert paid is not None and await sale.buy("bob")
     await engine.confirm(item_id, paid)
     await drain(sale)
-    run = dict(redis_url=redis_server.url, sql_url=sql_url, data_dir=tmp_path)
+    run = dict(**redis_settings(redis_server), sql_url=sql_url, data_dir=tmp_path)
 
     healthy = seckill("reconcile", "--json", **run)
     assert healthy.returncode == 0, healthy.stdout + healthy.stderr
@@ -54,7 +53,7 @@ async def test_reconcile_reports_repairs_and_recover_rebuilds(
     assert [r["kind"] for r in report["repairs"]] == ["redis_counters"]
     assert report["left"] == []
 
-    await redis.flushall()
+    await flush(redis)
     lost = seckill("reconcile", str(item_id), **run)
     assert lost.returncode == 1 and "redis_lost_item" in lost.stdout
     refused = seckill("item", "warm", str(item_id), **run)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from seckill.domain.events import ReleaseReason, decode_event
 from seckill.domain.holds import HoldState
@@ -21,6 +22,8 @@ from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import new_item
+
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 FAST = PersisterConfig(batch_size=200, block_ms=50, claim_idle_ms=200, trim_every_s=0.2)
 
@@ -89,6 +92,48 @@ async def test_2000_reservations_paid_and_released_land_one_to_one(sale: Sale) -
     # one journal row per event: loaded, one reserved per hold, one paid or released per settled
     settled = sum(h.state is not HoldState.HELD for h in holds)
     assert await sale.ledger.journal_size(sale.item_id) == 1 + len(holds) + settled
+
+
+async def test_many_items_land_through_persisters_sharing_the_group(
+    engine: RedisEngine, ledger: Ledger, redis: Redis
+) -> None:
+    """Streams on every node of a cluster (or one Redis), two persisters in one group, a busy
+    item beside quiet ones: every event lands once, each item's record equals its Redis."""
+    rng = random.Random(3)
+    item_ids = [await ledger.create_item(new_item(total=400, limit=2)) for _ in range(9)]
+    for item_id in item_ids:
+        await warm_item(engine, ledger, item_id)
+    if isinstance(redis, RedisCluster):
+        nodes = {redis.get_node_from_key(engine.keys(i).events).name for i in item_ids}
+        assert len(nodes) == 3, "the items' streams must be spread over every primary"
+    ids = OrderIds(6)
+    busy, *quiet = item_ids
+    buyers = [(busy, f"b{n}") for n in range(600)] + [(i, "q") for i in quiet]
+    answers = await asyncio.gather(
+        *(
+            engine.reserve(i, buyer=b, quantity=1, idempotency_key="k", order_id=ids.next())
+            for i, b in buyers
+        )
+    )
+    held = [(i, a.order_id) for (i, _), a in zip(buyers, answers, strict=True) if a.order_id]
+    assert len(held) == 400 + len(quiet)
+    for item_id, order_id in held:
+        if rng.random() < 0.5:
+            await engine.confirm(item_id, order_id)
+        else:
+            await engine.release(item_id, order_id, ReleaseReason.CANCELLED)
+
+    persisters = [Persister(redis=redis, ledger=ledger, config=FAST) for _ in range(2)]
+    async with asyncio.timeout(60):
+        while not all([await stream_drained(redis, engine.keys(i).events) for i in item_ids]):
+            await asyncio.gather(*(p.run_once() for p in persisters))
+    assert all(p.landed for p in persisters), "the two persisters shared the work"
+    # one journal row per event (loaded, reserved, then paid or released): each landed once
+    journal = [await ledger.journal_size(i) for i in item_ids]
+    assert sum(journal) == len(item_ids) + 2 * len(held)
+    for item_id in item_ids:
+        failed = [c for c in await compare_records(engine, ledger, item_id) if not c.ok]
+        assert not failed, (item_id, failed)
 
 
 async def test_entries_delivered_1_to_5_times_land_once(sale: Sale) -> None:

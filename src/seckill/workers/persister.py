@@ -5,6 +5,12 @@ registry. Each pass reads a batch with XREADGROUP, lands it in one transaction, 
 an entry is acknowledged only once it is in SQL. Several persister processes share the group
 safely: the ledger makes every event idempotent and order-independent.
 
+On one Redis a pass is one XREADGROUP over every stream, blocking while all are empty. A Redis
+Cluster refuses a command over keys of several slots, so there a pass sends one XREADGROUP per
+stream, all in one pipeline (one round trip per node), without BLOCK; a pass that found nothing
+waits ``poll_ms``. The batch is shared out: streams that filled their share last pass split it,
+the others are read one entry deep, which is enough to notice they have woken.
+
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
   lands or the worker is stopped; nothing is read meanwhile, so the backlog waits in Redis;
@@ -40,7 +46,7 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
-from seckill.engine.cluster import RedisClient
+from seckill.engine.cluster import RedisClient, is_cluster
 from seckill.engine.engine import registered_items
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
 from seckill.engine.streams import GROUP
@@ -59,6 +65,9 @@ _FAILURES = metrics.SQL_TRANSACTIONS.labels(result="failure")
 class PersisterConfig:
     batch_size: int = 500
     block_ms: int = 1_000
+    # A Redis Cluster: the wait after a pass that found nothing new (BLOCK cannot span slots);
+    # an order lands at most this much later once the streams have gone quiet.
+    poll_ms: int = 50
     # After a part-full batch, wait this long before reading again, so that under load the next
     # batch gathers more: fewer, larger transactions (each costs a commit), an order lands at
     # most this much later.
@@ -102,6 +111,7 @@ class Persister:
         self.config = config or PersisterConfig()
         self._stop = stop or asyncio.Event()
         self._streams: dict[str, ItemKeys] = {}
+        self._full: set[str] = set()  # streams that filled their share of the last pass
         self._next_discover = 0.0
         self._next_claim = 0.0
         self._next_trim = 0.0
@@ -158,6 +168,8 @@ class Persister:
                 self._streams[keys.events] = keys
 
     async def _read(self, *, block: bool) -> list[Entry]:
+        if is_cluster(self._redis):
+            return await self._read_each_stream(block=block)
         reply = cast(
             list[tuple[str, list[tuple[str, dict[str, str] | None]]]] | None,
             await self._redis.xreadgroup(
@@ -168,9 +180,38 @@ class Persister:
                 block=self.config.block_ms if block else None,
             ),
         )
+        return self._entries(reply or [])
+
+    async def _read_each_stream(self, *, block: bool) -> list[Entry]:
+        counts = self._shares()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream, count in counts.items():
+                pipe.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=count)
+            replies = await pipe.execute()
+        read = [stream_reply for reply in replies if reply for stream_reply in reply]
+        self._full = {stream for stream, entries in read if len(entries) >= counts[stream]}
+        entries = self._entries(read)
+        if not entries and block:
+            await asyncio.sleep(self.config.poll_ms / 1000)
+        return entries
+
+    def _shares(self) -> dict[str, int]:
+        """How many entries to read from each stream this pass: about ``batch_size`` in all."""
+        full = self._full & self._streams.keys()
+        if not full:  # none known busy: an equal share each
+            return dict.fromkeys(
+                self._streams, max(1, self.config.batch_size // len(self._streams))
+            )
+        quiet = len(self._streams) - len(full)
+        share = max(1, (self.config.batch_size - quiet) // len(full))
+        return {stream: share if stream in full else 1 for stream in self._streams}
+
+    def _entries(
+        self, reply: Sequence[tuple[str, list[tuple[str, dict[str, str] | None]]]]
+    ) -> list[Entry]:
         return [
             Entry(self._streams[stream], entry_id, fields)
-            for stream, entries in (reply or [])
+            for stream, entries in reply
             for entry_id, fields in entries
             if fields is not None
         ]
