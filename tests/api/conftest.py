@@ -188,7 +188,7 @@ class Api:
         )
 
     def signed(
-        self, notice: dict[str, str], *, secret: str = PAYMENT_SECRET, at: float | None = None
+        self, notice: dict[str, str | int], *, secret: str = PAYMENT_SECRET, at: float | None = None
     ) -> tuple[bytes, dict[str, str]]:
         body = json.dumps(notice).encode()
         timestamp = int(time.time() if at is None else at)
@@ -197,9 +197,12 @@ class Api:
             "Content-Type": "application/json",
         }
 
-    async def pay(self, order_id: str, payment_id: str, *, succeeded: bool = True) -> Answer:
-        notice = {
+    async def pay(
+        self, item_id: int, order_id: str, payment_id: str, *, succeeded: bool = True
+    ) -> Answer:
+        notice: dict[str, str | int] = {
             "payment_id": payment_id,
+            "item_id": item_id,
             "order_id": order_id,
             "status": "succeeded" if succeeded else "failed",
         }

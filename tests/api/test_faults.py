@@ -170,7 +170,7 @@ async def test_bad_ids_keys_and_sizes(api: Api) -> None:
         assert answer.status_code == 422, (path, answer.text)
     assert (await api.http.get("/api/v1/items/424242")).status_code == 404
     for order_id in ("abc", "0", "-1", "99999999999999999999"):
-        answer = await api.http.get(f"/api/v1/orders/{order_id}", headers=buyer)
+        answer = await api.http.get(f"/api/v1/items/{item_id}/orders/{order_id}", headers=buyer)
         assert answer.status_code == 422, (order_id, answer.text)
     long_key = await api.buy(item_id, "alice", "k" * (MAX_KEY_LEN + 1))
     assert long_key.status_code == 422

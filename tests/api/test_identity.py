@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from redis.asyncio import Redis
 
+from seckill.domain.events import decode_event
 from seckill.security.tokens import Role, TokenCodec
 from seckill.store.ledger import Ledger
 from tests.api.conftest import JWT_SECRET, Api, api_settings, running_api
@@ -106,7 +107,7 @@ async def test_roles_keep_to_their_routes(api: Api) -> None:
 async def test_a_buyer_sees_and_cancels_only_their_own_orders(api: Api) -> None:
     item_id = await api.create_item(total=5)
     order_id = (await api.buy(item_id, "alice", "k")).json()["order_id"]
-    path = f"/api/v1/orders/{order_id}"
+    path = f"/api/v1/items/{item_id}/orders/{order_id}"
     assert (await api.http.get(path, headers=api.as_buyer("alice"))).status_code == 200
     peek = await api.http.get(path, headers=api.as_buyer("mallory"))
     assert peek.status_code == 404
@@ -119,6 +120,32 @@ async def test_a_buyer_sees_and_cancels_only_their_own_orders(api: Api) -> None:
     assert mine.status_code == 200
     assert mine.json()["status"] == "released"
     assert mine.json()["release_reason"] == "cancelled"
+
+
+async def test_an_order_is_found_only_under_its_own_item(api: Api) -> None:
+    item_id = await api.create_item(total=5)
+    other = await api.create_item(total=5)
+    order_id = (await api.buy(item_id, "alice", "k")).json()["order_id"]
+    elsewhere = f"/api/v1/items/{other}/orders/{order_id}"
+    seen = await api.http.get(elsewhere, headers=api.as_buyer("alice"))
+    assert seen.status_code == 404 and seen.json()["error"] == "unknown_order"
+    cancel = await api.http.post(f"{elsewhere}/cancel", headers=api.as_buyer("alice"))
+    assert cancel.status_code == 404 and cancel.json()["error"] == "unknown_order"
+    hold = await api.runtime.engine.hold(item_id, int(order_id))
+    assert hold is not None and hold.state.value == "held"
+    for item in (item_id, other):
+        stock = await api.runtime.engine.stock(item)
+        assert stock is not None and stock.available == (4 if item == item_id else 5)
+    # Landed in SQL and gone from Redis, the order is still found under its item, and only there.
+    await api.runtime.ledger.apply(
+        [decode_event(i, f) for i, f in await api.runtime.engine.events(item_id)]
+    )
+    await api.runtime.redis.hdel(api.runtime.engine.keys(item_id).holds, order_id)
+    landed = await api.http.get(
+        f"/api/v1/items/{item_id}/orders/{order_id}", headers=api.as_buyer("alice")
+    )
+    assert landed.status_code == 200 and landed.json()["status"] == "held", landed.text
+    assert (await api.http.get(elsewhere, headers=api.as_buyer("alice"))).status_code == 404
 
 
 async def test_rs256_tokens(

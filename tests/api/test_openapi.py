@@ -36,9 +36,10 @@ from seckill.store.tables import Base
 from tests.conftest import RedisTarget, redis_settings
 
 # One Redis and one SQL backend: the schema and the routes do not differ between them.
-pytestmark = pytest.mark.parametrize(
-    ("redis_server", "sql_url"), [("redis7", "sqlite")], indirect=True
-)
+pytestmark = [
+    pytest.mark.redis_variants("redis7"),
+    pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True),
+]
 
 # Left out: positive_data_acceptance, because schema-valid requests are refused by rules a schema
 # cannot state (a sale window that ends before it starts or before 1970; an Idempotency-Key the

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from seckill.domain.holds import HoldState
+from seckill.engine.keys import item_keys
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.redis_variants("redis7")
@@ -31,10 +32,11 @@ async def state(api: Api, item_id: int, order_id: str) -> tuple[object, ...]:
 
 async def test_a_signed_success_pays_the_hold_once(api: Api) -> None:
     item_id, order_id = await held_order(api)
-    first = await api.pay(order_id, "pay-1")
+    first = await api.pay(item_id, order_id, "pay-1")
     assert first.status_code == 200, first.text
     assert first.json() == {
         "payment_id": "pay-1",
+        "item_id": item_id,
         "order_id": order_id,
         "outcome": "paid",
         "order_status": "paid",
@@ -42,7 +44,7 @@ async def test_a_signed_success_pays_the_hold_once(api: Api) -> None:
         "replayed": False,
     }
     before = await state(api, item_id, order_id)
-    again = await api.pay(order_id, "pay-1")  # the provider retries its notice
+    again = await api.pay(item_id, order_id, "pay-1")  # the provider retries its notice
     assert again.status_code == 200
     assert again.json() == {**first.json(), "replayed": True}
     assert await state(api, item_id, order_id) == before
@@ -57,7 +59,9 @@ async def test_forged_and_stale_notices_are_refused_and_change_nothing(
 ) -> None:
     item_id, order_id = await held_order(api)
     before = await state(api, item_id, order_id)
-    notice = {"payment_id": "pay-x", "order_id": order_id, "status": "succeeded"}
+    notice: dict[str, str | int] = {
+        "payment_id": "pay-x", "item_id": item_id, "order_id": order_id, "status": "succeeded"
+    }  # fmt: skip
     tolerance = api.settings.payment_tolerance_seconds
     body, headers = api.signed(notice)
     if tamper == "wrong secret":
@@ -82,9 +86,9 @@ async def test_forged_and_stale_notices_are_refused_and_change_nothing(
 
 async def test_a_replayed_notice_with_another_order_or_status_is_refused(api: Api) -> None:
     item_id, order_id = await held_order(api)
-    assert (await api.pay(order_id, "pay-1")).status_code == 200
+    assert (await api.pay(item_id, order_id, "pay-1")).status_code == 200
     before = await state(api, item_id, order_id)
-    flipped = await api.pay(order_id, "pay-1", succeeded=False)
+    flipped = await api.pay(item_id, order_id, "pay-1", succeeded=False)
     assert flipped.status_code == 422, flipped.text
     assert flipped.json()["error"] == "payment_id_reused"
     assert await state(api, item_id, order_id) == before
@@ -92,38 +96,53 @@ async def test_a_replayed_notice_with_another_order_or_status_is_refused(api: Ap
 
 async def test_failure_releases_and_a_late_success_requires_a_refund(api: Api) -> None:
     item_id, order_id = await held_order(api)
-    failed = await api.pay(order_id, "pay-1", succeeded=False)
+    failed = await api.pay(item_id, order_id, "pay-1", succeeded=False)
     assert failed.json()["outcome"] == "released"
     assert failed.json()["order_status"] == "released"
     stock_after_release = (await api.runtime.engine.stock(item_id),)
-    late = await api.pay(order_id, "pay-2")  # out of order: the success arrives after
+    late = await api.pay(item_id, order_id, "pay-2")  # out of order: the success arrives after
     assert late.status_code == 200, late.text
     assert late.json()["outcome"] == "refund_required"
     assert late.json()["refund_required"] is True
     assert (await api.runtime.engine.stock(item_id),) == stock_after_release  # no stock created
-    seen = await api.http.get(f"/api/v1/orders/{order_id}", headers=api.as_buyer("alice"))
+    seen = await api.http.get(
+        f"/api/v1/items/{item_id}/orders/{order_id}", headers=api.as_buyer("alice")
+    )
     assert seen.json()["status"] == "refund_required"
 
 
 async def test_a_failure_after_success_changes_nothing(api: Api) -> None:
-    _, order_id = await held_order(api)
-    assert (await api.pay(order_id, "pay-1")).json()["outcome"] == "paid"
-    late_failure = await api.pay(order_id, "pay-2", succeeded=False)
+    item_id, order_id = await held_order(api)
+    assert (await api.pay(item_id, order_id, "pay-1")).json()["outcome"] == "paid"
+    late_failure = await api.pay(item_id, order_id, "pay-2", succeeded=False)
     assert late_failure.json()["outcome"] == "already_paid"
     assert late_failure.json()["order_status"] == "paid"
 
 
 async def test_a_notice_for_an_unknown_order_is_404(api: Api) -> None:
-    await api.create_item(total=1)
-    answer = await api.pay("123456789", "pay-1")
+    item_id = await api.create_item(total=1)
+    answer = await api.pay(item_id, "123456789", "pay-1")
     assert answer.status_code == 404
     assert answer.json()["error"] == "unknown_order"
+
+
+async def test_a_notice_naming_another_item_is_404_and_changes_nothing(api: Api) -> None:
+    item_id, order_id = await held_order(api)
+    other = await api.create_item(total=5)
+    before = await state(api, item_id, order_id), await state(api, other, order_id)
+    answer = await api.pay(other, order_id, "pay-1")
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["error"] == "unknown_order"
+    assert (await state(api, item_id, order_id), await state(api, other, order_id)) == before
+    assert not await api.runtime.redis.hexists(item_keys(other).payments, "pay-1")
+    # The notice under its own item still pays, once.
+    assert (await api.pay(item_id, order_id, "pay-1")).json()["outcome"] == "paid"
 
 
 async def test_a_payment_after_the_deadline_is_refunded_not_sold(api: Api) -> None:
     item_id, order_id = await held_order(api, hold_seconds=1)
     await asyncio.sleep(1.2)
-    late = await api.pay(order_id, "pay-1")
+    late = await api.pay(item_id, order_id, "pay-1")
     assert late.json()["outcome"] == "refund_required"
     stock = await api.runtime.engine.stock(item_id)
     assert stock is not None and (stock.available, stock.held, stock.sold) == (5, 0, 0)

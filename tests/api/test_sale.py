@@ -39,7 +39,7 @@ async def crowd(
         answer = await api.buy(item_id, buyer, f"{wave}-{buyer}")
         if pay and answer.status_code == 202:
             order_id = answer.json()["order_id"]
-            paid = await api.pay(order_id, f"{wave}-pay-{order_id}")
+            paid = await api.pay(item_id, order_id, f"{wave}-pay-{order_id}")
             assert paid.json()["outcome"] == "paid", paid.text
         return answer
 
@@ -73,16 +73,16 @@ async def test_a_sale_end_to_end(served: Api) -> None:
 
     async def settle(buyer: str, order_id: str, fate: str) -> str:
         if fate == "pay":
-            answer = await api.pay(order_id, f"pay-{order_id}")
+            answer = await api.pay(item_id, order_id, f"pay-{order_id}")
             assert answer.status_code == 200, answer.text
             return str(answer.json()["outcome"])  # paid, or refund_required if the hold ran out
         if fate == "fail":
-            answer = await api.pay(order_id, f"fail-{order_id}", succeeded=False)
+            answer = await api.pay(item_id, order_id, f"fail-{order_id}", succeeded=False)
             assert answer.status_code == 200, answer.text
             return str(answer.json()["outcome"])
         if fate == "cancel":
             answer = await api.http.post(
-                f"/api/v1/orders/{order_id}/cancel", headers=api.as_buyer(buyer)
+                f"/api/v1/items/{item_id}/orders/{order_id}/cancel", headers=api.as_buyer(buyer)
             )
             assert answer.status_code == 200, answer.text
             return str(answer.json()["status"])
@@ -127,7 +127,10 @@ async def test_a_sale_end_to_end(served: Api) -> None:
     # Every buyer sees their own order, in the state SQL has.
     orders = {**winners, **second}
     views = await asyncio.gather(
-        *(api.http.get(f"/api/v1/orders/{o}", headers=api.as_buyer(b)) for b, o in orders.items())
+        *(
+            api.http.get(f"/api/v1/items/{item_id}/orders/{o}", headers=api.as_buyer(b))
+            for b, o in orders.items()
+        )
     )
     assert {v.status_code for v in views} == {200}
     landed = await ledger.orders(item_id)

@@ -115,7 +115,8 @@ async def test_a_released_unit_is_sold_again_within_the_recheck_interval(
         assert (seen.status_code, seen.json()["error"]) == (409, "sold_out")
 
         cancel = await api.http.post(
-            f"/api/v1/orders/{holder.json()['order_id']}/cancel", headers=api.as_buyer("holder")
+            f"/api/v1/items/{item_id}/orders/{holder.json()['order_id']}/cancel",
+            headers=api.as_buyer("holder"),
         )
         assert cancel.status_code == 200, cancel.text
         released_at = time.monotonic()

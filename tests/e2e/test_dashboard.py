@@ -63,7 +63,7 @@ async def sell(api: Api, item_id: int, buyers: range) -> None:
     for n in buyers:
         bought = await api.buy(item_id, f"buyer-{n}", f"key-{n}")
         assert bought.status_code == 202, bought.text
-        paid = await api.pay(bought.json()["order_id"], f"pay-{n}")
+        paid = await api.pay(item_id, bought.json()["order_id"], f"pay-{n}")
         assert paid.json()["outcome"] == "paid", paid.text
         await asyncio.sleep(0.05)
 

@@ -105,7 +105,9 @@ def test_serve_sells_and_stops_on_sigterm(tmp_path: Path) -> None:
                 break
             assert time.monotonic() < deadline, counters
             time.sleep(0.2)
-        status, seen = call("GET", f"{base}/api/v1/orders/{order['order_id']}", alice)
+        status, seen = call(
+            "GET", f"{base}/api/v1/items/{item_id}/orders/{order['order_id']}", alice
+        )
         assert (status, seen["status"], seen["release_reason"]) == (200, "released", "expired")
     finally:
         server.send_signal(signal.SIGTERM)

@@ -67,22 +67,29 @@ async def buy(
     raise NotImplementedError("purchases are served by seckill.api.purchase_route")
 
 
-@router.get(
-    "/orders/{order_id}", response_model=OrderOut, responses=documented(401, 403, 404, 422, 503)
-)
-async def get_order(order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx) -> OrderOut:
+# An order is addressed under the item whose purchase made it: its hold lives in that item's
+# keys (one slot), so it is found in one read, and order ids (snowflakes) have no room for it.
+ORDER_ROUTE = f"{PURCHASE_ROUTE}/{{order_id}}".removeprefix(router.prefix)
+
+
+@router.get(ORDER_ROUTE, response_model=OrderOut, responses=documented(401, 403, 404, 422, 503))
+async def get_order(
+    item_id: ItemId, order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx
+) -> OrderOut:
     """The buyer's own order, whether it is still only in Redis or already in SQL."""
-    return order_out(await ctx.orders.buyers_order(buyer.subject, int(order_id)))
+    return order_out(await ctx.orders.buyers_order(buyer.subject, item_id, int(order_id)))
 
 
 @router.post(
-    "/orders/{order_id}/cancel",
+    f"{ORDER_ROUTE}/cancel",
     response_model=OrderOut,
     responses=documented(401, 403, 404, 409, 422, 503),
 )
-async def cancel_order(order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx) -> OrderOut:
+async def cancel_order(
+    item_id: ItemId, order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx
+) -> OrderOut:
     """Give the hold back; the units go on sale again. Repeating it changes nothing."""
-    transition, view = await ctx.orders.cancel(buyer.subject, int(order_id))
+    transition, view = await ctx.orders.cancel(buyer.subject, item_id, int(order_id))
     if transition.outcome is Outcome.ALREADY_PAID:
         raise refusal(Outcome.ALREADY_PAID)
     return order_out(view)

@@ -38,11 +38,7 @@ class Context:
                 runtime.order_ids,
                 sold_out_recheck_ms=settings.sold_out_recheck_ms,
             ),
-            orders=OrderBook(
-                redis=runtime.redis,
-                engine=runtime.engine,
-                ledger=runtime.ledger,
-            ),
+            orders=OrderBook(engine=runtime.engine, ledger=runtime.ledger),
             item_cache=ItemCache.from_settings(
                 settings, engine=runtime.engine, source=runtime.ledger
             ),

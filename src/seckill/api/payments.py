@@ -57,11 +57,15 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
     except ValidationError as exc:  # the same 422 as a body FastAPI parsed itself
         raise RequestValidationError(exc.errors(include_url=False)) from None
     settlement, view = await ctx.orders.settle_payment(
-        int(notice.order_id), payment_id=notice.payment_id, succeeded=notice.status == "succeeded"
+        notice.item_id,
+        int(notice.order_id),
+        payment_id=notice.payment_id,
+        succeeded=notice.status == "succeeded",
     )
     return PaymentOut.model_validate(
         {
             "payment_id": notice.payment_id,
+            "item_id": notice.item_id,
             "order_id": notice.order_id,
             "outcome": settlement.outcome.value,
             "order_status": view.status,

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from seckill.domain.orders import OrderStatus
-from seckill.domain.rules import MAX_QUANTITY
+from seckill.domain.rules import MAX_ID, MAX_QUANTITY
 
 OrderId = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,18}$")]
 Token = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")]  # visible ASCII
@@ -117,12 +117,16 @@ class OrderOut(BaseModel):
 
 class PaymentNoticeIn(_In):
     payment_id: Token = Field(description="The provider's id for this notice; applied once.")
+    item_id: int = Field(
+        ge=1, le=MAX_ID, description="The order's item, as the shop gave it with the payment."
+    )
     order_id: OrderId
     status: Literal["succeeded", "failed"]
 
 
 class PaymentOut(BaseModel):
     payment_id: str
+    item_id: int
     order_id: OrderId
     outcome: Literal["paid", "already_paid", "refund_required", "released", "already_released"]
     order_status: OrderStatusLiteral

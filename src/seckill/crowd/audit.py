@@ -54,7 +54,7 @@ async def read_sale_end(
 
     async def view(order: CrowdOrder) -> tuple[str, dict[str, Any] | None]:
         async with lanes:
-            answer = await client.order(order.buyer, order.order_id)
+            answer = await client.order(order.buyer, item_id, order.order_id)
         return order.order_id, answer.body if answer.status == 200 else None
 
     seen = dict(await asyncio.gather(*(view(o) for o in log.orders.values())))

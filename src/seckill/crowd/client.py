@@ -172,19 +172,22 @@ class ApiClient:
             headers={"Idempotency-Key": key, TICKET_HEADER: ticket},
         )
 
-    async def order(self, buyer: str, order_id: str) -> Reply:
-        path = f"/api/v1/orders/{order_id}"
+    async def order(self, buyer: str, item_id: int, order_id: str) -> Reply:
+        path = f"/api/v1/items/{item_id}/orders/{order_id}"
         return await self.request("GET", path, token=self.credentials.buyer(buyer))
 
-    async def cancel(self, buyer: str, order_id: str) -> Reply:
-        path = f"/api/v1/orders/{order_id}/cancel"
+    async def cancel(self, buyer: str, item_id: int, order_id: str) -> Reply:
+        path = f"/api/v1/items/{item_id}/orders/{order_id}/cancel"
         return await self.request("POST", path, token=self.credentials.buyer(buyer))
 
     # The payment provider's side.
 
-    async def notify_payment(self, order_id: str, *, payment_id: str, succeeded: bool) -> Reply:
+    async def notify_payment(
+        self, item_id: int, order_id: str, *, payment_id: str, succeeded: bool
+    ) -> Reply:
         notice = {
             "payment_id": payment_id,
+            "item_id": item_id,
             "order_id": order_id,
             "status": "succeeded" if succeeded else "failed",
         }

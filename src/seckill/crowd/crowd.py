@@ -155,12 +155,12 @@ class Crowd:
         await self._settle(order, repeat_notice=spec.replay)
 
     async def _settle(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
-        client, oid = self.client, order.order_id
+        client, item, oid = self.client, self.item_id, order.order_id
         if order.fate is Fate.EXPIRE:
             order.status, order.release_reason = OrderStatus.RELEASED, "expired"
             return
         if order.fate is Fate.CANCEL:
-            answer = await self._send("cancel", lambda: client.cancel(order.buyer, oid))
+            answer = await self._send("cancel", lambda: client.cancel(order.buyer, item, oid))
             self._learn(order, answer, status="status", reason=answer.body.get("release_reason"))
             return
         succeeded = order.fate is Fate.PAY
@@ -168,7 +168,7 @@ class Crowd:
 
         async def notify() -> Reply:
             return await client.notify_payment(
-                oid, payment_id=f"{action}-{oid}", succeeded=succeeded
+                item, oid, payment_id=f"{action}-{oid}", succeeded=succeeded
             )
 
         answers = [await self._send(action, notify)]
