@@ -11,7 +11,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from seckill.config import Settings
 from seckill.domain.ids import OrderIds
-from seckill.engine.cluster import ClusterPipeliner, RedisClient, connect
+from seckill.engine.cluster import ClusterNodes, ClusterPipeliner, RedisClient, connect
 from seckill.engine.engine import Clock, RateLimit, RedisEngine
 from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import Durability, Scripts
@@ -56,7 +56,7 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         pipeliner: Pipeliner | ClusterPipeliner
         if isinstance(redis, RedisCluster):
             await redis.initialize()  # the slot map, before the first call is routed
-            pipeliner = ClusterPipeliner(redis, seed_url=url)
+            pipeliner = ClusterPipeliner(ClusterNodes(redis, seed_url=url))
         else:
             pipeliner = Pipeliner(url)
         stack.push_async_callback(pipeliner.aclose)

@@ -150,6 +150,33 @@ class LocalCluster:
                     found.append(node.port)
         return found
 
+    def move_slot(self, slot: int, to_port: int, *, keys_per_call: int = 100) -> int:
+        """Move one slot, with its keys, to the primary at ``to_port`` while clients use it: as
+        ``redis-cli --cluster reshard`` does. The target imports and the source migrates (a
+        client then gets ASK for a key already moved), the keys go over with MIGRATE, and every
+        primary learns the new owner (a client then gets MOVED). Returns how many keys moved."""
+        with redis.Redis(port=to_port, decode_responses=True) as target:
+            owner = _slot_owner(target, slot)
+            if owner == to_port:
+                return 0
+            with redis.Redis(port=owner, decode_responses=True) as source:
+                source_id = _command(source, "CLUSTER", "MYID")
+                target_id = _command(target, "CLUSTER", "MYID")
+                _command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+                _command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+                moved = 0
+                while keys := _command(source, "CLUSTER", "GETKEYSINSLOT", slot, keys_per_call):
+                    _command(source, "MIGRATE", "127.0.0.1", to_port, "", 0, 5_000, "KEYS", *keys)
+                    moved += len(keys)
+                # The target first, then the source: a key is never left without an owner.
+                for client in (target, source):
+                    _command(client, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        for port in self.primary_ports():
+            if port not in (owner, to_port):
+                with redis.Redis(port=port, decode_responses=True) as other:
+                    _command(other, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
     def node_at(self, port: int) -> RedisServer:
         return next(node for node in self.nodes if node.port == port)
 
@@ -194,6 +221,14 @@ def _formed(clients: list[redis.Redis], replicas: int) -> bool:
         if role[0] == "slave" and role[3] != "connected":
             return False
     return True
+
+
+def _slot_owner(client: redis.Redis, slot: int) -> int:
+    """The port of the primary that serves ``slot``, as ``client``'s node sees it."""
+    for start, end, primary, *_ in _command(client, "CLUSTER", "SLOTS"):
+        if int(start) <= slot <= int(end):
+            return int(primary[1])
+    raise RedisServerError(f"no primary serves slot {slot}")
 
 
 def _command(client: redis.Redis, *args: object) -> Any:

@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import MovedError
 
 from seckill.domain.outcomes import Outcome
-from seckill.engine.cluster import ClusterPipeliner
+from seckill.engine.cluster import ClusterNodes, ClusterPipeliner
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import item_keys
 from seckill.engine.scripts import Durability, ScriptName, Scripts
@@ -27,7 +27,7 @@ ITEMS = range(1, 13)  # twelve items: their slots fall on every master of three
 async def pipeliner(
     cluster_redis: RedisCluster, redis_cluster: LocalCluster
 ) -> AsyncIterator[ClusterPipeliner]:
-    pipeliner = ClusterPipeliner(cluster_redis, seed_url=redis_cluster.url)
+    pipeliner = ClusterPipeliner(ClusterNodes(cluster_redis, seed_url=redis_cluster.url))
     yield pipeliner
     await pipeliner.aclose()
 
@@ -66,7 +66,7 @@ async def test_each_call_joins_the_batch_of_its_own_node(
     for item_id in ITEMS:
         stock = await engine.stock(item_id)
         assert stock is not None and (stock.available, stock.held) == (0, 50)
-    sizes = pipeliner.batch_sizes()
+    sizes = pipeliner.nodes.batch_sizes()
     assert set(sizes) == nodes_of(cluster_redis)  # one pipeliner per primary, no other
     sent = sum(size * n for by_size in sizes.values() for size, n in by_size.items())
     batches = sum(n for by_size in sizes.values() for n in by_size.values())

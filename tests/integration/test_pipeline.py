@@ -11,17 +11,22 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from seckill.domain.events import ReleaseReason, decode_event
 from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
+from seckill.engine.scripts import Scripts
 from seckill.engine.streams import GROUP, stream_drained
 from seckill.reconcile.records import compare_records
+from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
-from tests.conftest import new_item
+from tests.conftest import new_item, redis7_binary
+from tests.integration.test_durability import free_port
+from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
@@ -134,6 +139,45 @@ async def test_many_items_land_through_persisters_sharing_the_group(
     for item_id in item_ids:
         failed = [c for c in await compare_records(engine, ledger, item_id) if not c.ok]
         assert not failed, (item_id, failed)
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_after_redis_failed_a_persister_lands_its_own_pending_entries_first(
+    ledger: Ledger,
+) -> None:
+    """As after a failover to a replica that missed the acknowledgements: entries this
+    consumer was given are pending again. They land on the first pass after the failure, not
+    once they have been idle for claim_idle_ms."""
+    with RedisServer(binary=redis7_binary(), port=free_port()) as server:
+        redis = Redis.from_url(server.url, decode_responses=True)
+        proxy = TcpProxy("127.0.0.1", server.port or 0)
+        await proxy.start()
+        through_proxy = Redis(port=proxy.port, decode_responses=True)
+        try:
+            scripts = Scripts(redis)
+            engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=60_000)
+            item_id = await ledger.create_item(new_item(total=10))
+            await warm_item(engine, ledger, item_id)
+            persister = Persister(
+                redis=through_proxy, ledger=ledger, consumer="p1",
+                config=dataclasses.replace(FAST, claim_idle_ms=600_000),
+            )  # fmt: skip
+            assert await persister.run_once() == 1  # follows the stream; lands "loaded"
+            sale = Sale(engine, ledger, redis, item_id, OrderIds(7))
+            ordered = [await sale.buy(f"b{n}") for n in range(5)]
+            stream = engine.keys(item_id).events
+            await redis.xreadgroup(GROUP, "p1", {stream: ">"})  # given to p1, never acked
+            proxy.cut()
+            with pytest.raises(RedisConnectionError):
+                await persister.run_once()
+            proxy.restore()
+            assert await persister.run_once() == 5  # from its own pending list, at once
+            assert await stream_drained(redis, stream)
+            assert set(await ledger.orders(item_id)) == set(ordered)
+        finally:
+            await through_proxy.aclose()
+            await redis.aclose()
+            await proxy.stop()
 
 
 async def test_entries_delivered_1_to_5_times_land_once(sale: Sale) -> None:

@@ -4,7 +4,8 @@ Every key of an item shares the hash tag ``{item:<id>}``, so each script and eac
 item touches one slot. On a cluster only the way there differs: redis-py's ``RedisCluster``
 routes each command by its key, following MOVED and ASK; the purchase path's batches
 (``ClusterPipeliner``) go to the node that owns each key's slot; the few calls that must share
-one connection (a write script and its WAIT) go through ``send_on_node``.
+one connection (a write script and its WAIT) go through ``send_on_node``. Both use connections
+of their own per node (``ClusterNodes``).
 
 A slot whose primary is down answers with redis-py's ConnectionError (the API's 503) until its
 replica is promoted; the slot map is then read again, and calls resume without a restart.
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import (
     AskError,
@@ -90,12 +92,21 @@ def node_url(seed_url: str, node: ClusterNode) -> str:
     return urlunsplit(parts._replace(netloc=netloc, path=""))
 
 
-class SlotMap:
-    """The cluster client's map of slots to nodes, read again after a node failed (at most every
-    ``REFRESH_EVERY_S``, one reading at a time)."""
+class ClusterNodes:
+    """The primaries of a Redis Cluster as this process reaches them: redis-py's slot map (read
+    again after a node failed, at most every ``REFRESH_EVERY_S``, one reading at a time) and,
+    per node, connections of its own: a ``Pipeliner`` for batches, and a pool for calls that must
+    share one connection. Of its own, because redis-py resets its cluster connections when the
+    topology changes, and that must not fail a call in flight on a healthy node."""
 
-    def __init__(self, cluster: RedisCluster) -> None:
+    def __init__(
+        self, cluster: RedisCluster, *, seed_url: str, connections: int = DEFAULT_CONNECTIONS
+    ) -> None:
         self.cluster = cluster
+        self._seed_url = seed_url
+        self._connections = connections
+        self._pipeliners: dict[str, Pipeliner] = {}
+        self._pools: dict[str, ConnectionPool] = {}
         self._next_refresh = 0.0
         self._refreshing: asyncio.Task[None] | None = None
 
@@ -107,6 +118,24 @@ class SlotMap:
             raise RedisConnectionError(f"no Redis Cluster node serves {key!r} now: {exc}") from exc
         assert node is not None  # a primary is always asked for
         return node
+
+    def pipeliner(self, node: ClusterNode) -> Pipeliner:
+        found = self._pipeliners.get(node.name)
+        if found is None:
+            url = node_url(self._seed_url, node)
+            found = self._pipeliners[node.name] = Pipeliner(url, connections=self._connections)
+        return found
+
+    def pool(self, node: ClusterNode) -> ConnectionPool:
+        found = self._pools.get(node.name)
+        if found is None:
+            url = node_url(self._seed_url, node)
+            found = self._pools[node.name] = ConnectionPool.from_url(url, decode_responses=True)
+        return found
+
+    def batch_sizes(self) -> dict[str, Counter[int]]:
+        """The batches each node's pipeliner wrote, by size."""
+        return {name: pipeliner.batch_sizes for name, pipeliner in self._pipeliners.items()}
 
     def node_failed(self) -> None:
         now = time.monotonic()
@@ -125,6 +154,8 @@ class SlotMap:
         if self._refreshing is not None:
             self._refreshing.cancel()
             await asyncio.gather(self._refreshing, return_exceptions=True)
+        await asyncio.gather(*(p.aclose() for p in self._pipeliners.values()))
+        await asyncio.gather(*(p.aclose() for p in self._pools.values()))
 
 
 class ClusterPipeliner:
@@ -136,79 +167,78 @@ class ClusterPipeliner:
     A node that fails its connection fails only its own batch (see ``pipelining``).
     """
 
-    def __init__(
-        self, cluster: RedisCluster, *, seed_url: str, connections: int = DEFAULT_CONNECTIONS
-    ) -> None:
-        self._slots = SlotMap(cluster)
-        self._seed_url = seed_url
-        self._connections = connections
-        self._by_node: dict[str, Pipeliner] = {}
-
-    @property
-    def slots(self) -> SlotMap:
-        return self._slots
-
-    def batch_sizes(self) -> dict[str, Any]:
-        return {name: pipeliner.batch_sizes for name, pipeliner in self._by_node.items()}
+    def __init__(self, nodes: ClusterNodes) -> None:
+        self.nodes = nodes
 
     async def execute(self, *args: EncodableT) -> Any:
-        node = self._slots.node_for(routing_key(args))
-        pipeliner = self._by_node.get(node.name)
-        if pipeliner is None:
-            pipeliner = Pipeliner(node_url(self._seed_url, node), connections=self._connections)
-            self._by_node[node.name] = pipeliner
+        node = self.nodes.node_for(routing_key(args))
         try:
-            return await pipeliner.execute(*args)
+            return await self.nodes.pipeliner(node).execute(*args)
         except (MovedError, AskError, TryAgainError, ClusterDownError):
-            return await self._slots.cluster.execute_command(*args)
+            return await self.nodes.cluster.execute_command(*args)
         except (RedisConnectionError, RedisTimeoutError):
-            self._slots.node_failed()
+            self.nodes.node_failed()
             raise
 
     async def aclose(self) -> None:
-        await self._slots.aclose()
-        await asyncio.gather(*(p.aclose() for p in self._by_node.values()))
+        await self.nodes.aclose()
 
 
 async def send_on_node(
-    slots: SlotMap, key: str, commands: Sequence[Sequence[EncodableT]]
+    nodes: ClusterNodes, key: str, commands: Sequence[Sequence[EncodableT]]
 ) -> list[Any]:
     """Send ``commands`` on one connection of the node that owns ``key``'s slot; their replies,
     error replies as exceptions in the list. For commands that must share a connection (a
     write and the WAIT that counts its replicas). The first command is the keyed one: a redirect
-    of its reply sends them all again to the slot's owner."""
+    of its reply sends them all again to the slot's owner, and a connection that could not be
+    opened (nothing sent) is tried again on a fresh slot map."""
     asking: ClusterNode | None = None
     for _ in range(MAX_REDIRECTS):
-        node = asking or slots.node_for(key)
+        node = asking or nodes.node_for(key)
         sent = ([("ASKING",)] if asking else []) + list(commands)
         try:
-            replies = await _send(node, sent)
+            replies = await _send(nodes.pool(node), sent)
+        except _NotSent:
+            nodes.node_failed()
+            await asyncio.sleep(_TRYAGAIN_PAUSE_S)
+            continue
         except (RedisConnectionError, RedisTimeoutError):
-            slots.node_failed()
+            nodes.node_failed()
             raise
         replies = replies[1:] if asking else replies
         first, asking = replies[0], None
         if isinstance(first, MovedError):  # (a subclass of AskError)
-            await slots.cluster.nodes_manager.move_slot(first)
+            await nodes.cluster.nodes_manager.move_slot(first)
         elif isinstance(first, AskError):
-            asking = slots.cluster.get_node(host=first.host, port=first.port)
+            asking = nodes.cluster.get_node(host=first.host, port=first.port)
             if asking is None:
-                await slots.cluster.nodes_manager.initialize()
+                await nodes.cluster.nodes_manager.initialize()
         elif isinstance(first, TryAgainError | ClusterDownError):
             await asyncio.sleep(_TRYAGAIN_PAUSE_S)
         else:
             return replies
-    raise RedisConnectionError(f"the slot of {key!r} kept moving: tried {MAX_REDIRECTS} times")
+    raise RedisConnectionError(
+        f"the node serving {key!r} did not answer or its slot kept moving: "
+        f"tried {MAX_REDIRECTS} times"
+    )
 
 
-async def _send(node: ClusterNode, commands: Sequence[Sequence[EncodableT]]) -> list[Any]:
-    connection = node.acquire_connection()
+class _NotSent(RedisConnectionError):
+    """The connection could not be opened: the commands were never sent."""
+
+
+async def _send(pool: ConnectionPool, commands: Sequence[Sequence[EncodableT]]) -> list[Any]:
+    connection = await pool.get_connection()  # type: ignore[no-untyped-call]
     try:
+        try:
+            await connection.connect()  # a no-op when connected
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise _NotSent(str(exc)) from exc
         await connection.send_packed_command(connection.pack_commands(commands))
         replies: list[Any] = []
         for _ in commands:
             try:
-                replies.append(await connection.read_response(disable_decoding=False))
+                replies.append(await connection.read_response())
             except ResponseError as exc:
                 replies.append(exc)
         return replies
@@ -216,7 +246,7 @@ async def _send(node: ClusterNode, commands: Sequence[Sequence[EncodableT]]) -> 
         await connection.disconnect()  # replies may be left unread
         raise
     finally:
-        node.release(connection)
+        await pool.release(connection)
 
 
 async def time_ms(redis: RedisClient, key: str | None = None) -> int:

@@ -27,7 +27,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
-from seckill.engine.cluster import ClusterPipeliner, RedisClient, SlotMap, send_on_node
+from seckill.engine.cluster import ClusterPipeliner, RedisClient, send_on_node
 from seckill.engine.pipelining import Pipeliner
 from seckill.observability import metrics
 
@@ -156,11 +156,9 @@ class Scripts:
         self._durability = durability
         self._pipeliner = pipeliner
         # On a cluster, a write and its WAIT go together to the node of the write's keys.
-        self._slots: SlotMap | None = None
-        if isinstance(pipeliner, ClusterPipeliner):
-            self._slots = pipeliner.slots
-        elif isinstance(redis, RedisCluster):
-            self._slots = SlotMap(redis)
+        self._nodes = pipeliner.nodes if isinstance(pipeliner, ClusterPipeliner) else None
+        if durability is not None and isinstance(redis, RedisCluster) and self._nodes is None:
+            raise ValueError("waiting for replicas on a cluster needs its ClusterPipeliner")
         self._scripts = {
             name: Script(name, src, hashlib.sha1(src.encode()).hexdigest())
             for name in ScriptName
@@ -247,10 +245,10 @@ class Scripts:
         args: tuple[Any, ...],
         durability: Durability,
     ) -> tuple[Any, Any]:
-        if self._slots is not None:
+        if self._nodes is not None:
             evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
             wait = ("WAIT", durability.replicas, durability.timeout_ms)
-            reply, acked = await send_on_node(self._slots, keys[0], (evalsha, wait))
+            reply, acked = await send_on_node(self._nodes, keys[0], (evalsha, wait))
             return reply, acked
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.evalsha(script.sha, len(keys), *keys, *args)

@@ -20,7 +20,10 @@ Failures, by kind:
   until the bad entry stands alone, its neighbours land, and it stays pending; it comes back
   through XAUTOCLAIM once idle, and after ``max_deliveries`` it becomes a dead letter (a table
   row and an entry on the item's dead-letter stream) with its error;
-- a crashed persister: its pending entries go idle and another persister claims them.
+- a crashed persister: its pending entries go idle and another persister claims them;
+- Redis failed (a lost connection, a failover): acknowledgements sent just before may not have
+  reached the server that now answers, so the next read starts with this consumer's own pending
+  entries (they land again, idempotently) instead of leaving them until they go idle.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from seckill.domain.events import (
     AheadOfStream,
@@ -46,7 +51,7 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
-from seckill.engine.cluster import RedisClient, is_cluster
+from seckill.engine.cluster import SLOT_UNAVAILABLE, RedisClient, is_cluster
 from seckill.engine.engine import registered_items
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
 from seckill.engine.streams import GROUP
@@ -56,6 +61,9 @@ from seckill.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
+_REDIS_FAILED: tuple[type[Exception], ...] = (
+    RedisConnectionError, RedisTimeoutError, *SLOT_UNAVAILABLE
+)  # fmt: skip
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
 _COMMITS = metrics.SQL_TRANSACTIONS.labels(result="commit")
 _FAILURES = metrics.SQL_TRANSACTIONS.labels(result="failure")
@@ -117,11 +125,15 @@ class Persister:
         self._next_trim = 0.0
         self.landed = 0
         self.dead_lettered = 0
+        self._own_pending_first = False
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
         try:
             return await self._pass()
+        except _REDIS_FAILED:
+            self._own_pending_first = True
+            raise
         except ResponseError as exc:
             if not str(exc).startswith("NOGROUP"):
                 raise
@@ -168,6 +180,8 @@ class Persister:
                 self._streams[keys.events] = keys
 
     async def _read(self, *, block: bool) -> list[Entry]:
+        if self._own_pending_first:
+            return await self._read_own_pending()
         if is_cluster(self._redis):
             return await self._read_each_stream(block=block)
         reply = cast(
@@ -184,16 +198,35 @@ class Persister:
 
     async def _read_each_stream(self, *, block: bool) -> list[Entry]:
         counts = self._shares()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for stream, count in counts.items():
-                pipe.xreadgroup(GROUP, self.consumer, {stream: ">"}, count=count)
-            replies = await pipe.execute()
-        read = [stream_reply for reply in replies if reply for stream_reply in reply]
+        read = await self._read_streams(counts, ">")
         self._full = {stream for stream, entries in read if len(entries) >= counts[stream]}
         entries = self._entries(read)
         if not entries and block:
             await asyncio.sleep(self.config.poll_ms / 1000)
         return entries
+
+    async def _read_own_pending(self) -> list[Entry]:
+        """Entries delivered to this consumer and not acknowledged (as the server now answering
+        knows), up to a batch per stream: once, after Redis failed; the rest go idle and are
+        claimed as a dead consumer's would be."""
+        read = await self._read_streams(dict.fromkeys(self._streams, self.config.batch_size), "0")
+        self._own_pending_first = False
+        for stream, entries in read:  # deleted from the stream while pending: nothing to land
+            gone = [entry_id for entry_id, fields in entries if fields is None]
+            if gone:
+                await self._redis.xack(stream, GROUP, *gone)
+        return self._entries(read)
+
+    async def _read_streams(
+        self, counts: dict[str, int], start: str
+    ) -> list[tuple[str, list[tuple[str, dict[str, str] | None]]]]:
+        """One XREADGROUP per stream from ``start`` (">": new entries; "0": this consumer's
+        pending ones), in one pipeline: a cluster refuses one over several slots."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream, count in counts.items():
+                pipe.xreadgroup(GROUP, self.consumer, {stream: start}, count=count)
+            replies = await pipe.execute()
+        return [stream_reply for reply in replies if reply for stream_reply in reply]
 
     def _shares(self) -> dict[str, int]:
         """How many entries to read from each stream this pass: about ``batch_size`` in all."""
