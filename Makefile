@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,9 @@ bench-http: $(STAMP)  # starts its own redis-server and servers on free ports; u
 
 bench-clients: $(STAMP)  # skips a client that is not installed (coredis, valkey-glide)
 	$(BIN)/python -m benchmarks.redis_clients $(BENCH_ARGS)
+
+bench-cluster: $(STAMP)  # starts its own redis-server and a local cluster on free ports
+	$(BIN)/python -m benchmarks.cluster $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache
