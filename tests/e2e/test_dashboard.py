@@ -133,6 +133,7 @@ async def test_the_dashboard_follows_a_sale(served: Api) -> None:  # noqa: F811
     assert outside == [], "the page must load nothing from elsewhere"
 
 
+@pytest.mark.redis_variants("redis7", "cluster")
 async def test_the_data_route_is_for_admins(served: Api) -> None:  # noqa: F811
     api = served
     route = "/api/v1/admin/dashboard"

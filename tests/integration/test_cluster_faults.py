@@ -20,17 +20,21 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from seckill.engine.audit import audit_item
-from seckill.engine.keys import item_keys
+from seckill.engine.cluster import REDIS_UNAVAILABLE, ClusterNodes, ClusterPipeliner
+from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import item_keys, items_registry
+from seckill.engine.scripts import Scripts
 from seckill.engine.streams import stream_drained
 from seckill.reconcile.reconciler import Reconciler
 from seckill.reconcile.records import compare_records
 from seckill.redis_cluster import LocalCluster
 from seckill.serve import WorkerKind
+from seckill.workers.reaper import Reaper
 from tests.api.conftest import Api, api_settings, running_api
-from tests.conftest import redis7_binary, redis_settings
+from tests.conftest import ManualClock, open_item, redis7_binary, redis_settings
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 
 BUYERS = 150  # per item, each buying one unit
 RETRY_PAUSE_S = 0.1  # a client honours Retry-After; the test shortens it to keep the sale short
@@ -124,6 +128,7 @@ async def assert_consistent(api: Api, item_ids: list[int]) -> None:
         assert stock is not None and stock.held + stock.sold <= stock.total
 
 
+@sqlite_only
 @pytest.mark.parametrize("durability", ["fast", "replicas"])
 async def test_a_killed_master_fails_only_its_slots_fast_and_they_resume(
     cluster: LocalCluster, sql_url: str, tmp_path: Path, durability: str
@@ -193,6 +198,7 @@ async def test_a_killed_master_fails_only_its_slots_fast_and_they_resume(
         await assert_consistent(api, list(items.values()))
 
 
+@sqlite_only
 async def test_a_live_items_slot_moves_to_another_master_mid_sale(
     cluster: LocalCluster, sql_url: str, tmp_path: Path
 ) -> None:
@@ -242,3 +248,55 @@ async def test_a_live_items_slot_moves_to_another_master_mid_sale(
             return stock is not None and stock.held == 0 and stock.available == 10
 
         await wait_until(released, 10, "the reaper released the moved item's hold")
+
+
+async def test_the_reaper_reaps_the_live_masters_while_one_is_down(
+    cluster: LocalCluster,
+) -> None:
+    """A master down for good (its replica too: no failover): the items on the live masters
+    are reaped at the usual pace, and the pass does not fail for them."""
+    client = RedisCluster.from_url(cluster.url, decode_responses=True)
+    pipeliner = ClusterPipeliner(ClusterNodes(client, seed_url=cluster.url))
+    try:
+        scripts = Scripts(client, pipeliner=pipeliner)
+        await scripts.load()
+        clock = ManualClock(int(time.time() * 1000))
+        engine = RedisEngine(client, scripts=scripts, idempotency_ttl_ms=60_000, clock=clock)
+        by_port: dict[int, int] = {}  # an item on each master
+        item_id = 0
+        while len(by_port) < 3:
+            item_id += 1
+            by_port.setdefault(owner(client, item_keys(item_id).item), item_id)
+        for item in by_port.values():
+            await engine.load_item(open_item(item, total=2, hold_ms=1_000))
+            held = await engine.reserve(
+                item, buyer="b", quantity=1, idempotency_key="k", order_id=item
+            )
+            assert held.accepted
+        clock.advance(1_000)  # every hold is due
+        # Neither the node the client started from nor the registry's: they are not the point.
+        spared = {owner(client, items_registry()), int(cluster.url.rsplit(":", 1)[1])}
+        down = next(port for port in by_port if port not in spared)
+        for port in cluster.ports:
+            with redis.Redis(port=port) as node:
+                role = node.execute_command("ROLE")  # type: ignore[no-untyped-call]
+            if port == down or (role[0] == b"slave" and int(role[2]) == down):
+                cluster.node_at(port).kill()
+
+        reaper = Reaper(engine=engine)
+        assert await reaper.run_once() == 2  # the two live masters' holds, and no error
+        for port, item in by_port.items():
+            if port != down:
+                stock = await engine.stock(item)
+                assert stock is not None and (stock.available, stock.held) == (2, 0)
+        with pytest.raises(REDIS_UNAVAILABLE):
+            await engine.stock(by_port[down])
+    finally:
+        await pipeliner.aclose()
+        await client.aclose()
+
+
+def owner(client: RedisCluster, key: str) -> int:
+    node = client.get_node_from_key(key)
+    assert node is not None
+    return int(node.port)

@@ -14,6 +14,7 @@ replica is promoted; the slot map is then read again, and calls resume without a
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -47,9 +48,17 @@ SLOT_UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 """Cluster errors that mean "the slot cannot answer now": retrying later may succeed."""
 
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    RedisConnectionError, RedisTimeoutError, *SLOT_UNAVAILABLE
+)  # fmt: skip
+"""Every error that means "this Redis (or this slot's node) did not answer": one Redis down, or
+one node of a cluster, where the others still answer."""
+
 # A slot map read again at most this often after a node failed: a down primary fails its calls
 # at once, and its replica's promotion is seen within this long of the next call.
 REFRESH_EVERY_S = 0.25
+# Connections per node for the calls that must share one (a durable write and its WAIT).
+POOL_PER_NODE = 64
 # MOVED, ASK and TRYAGAIN followed for one call before it fails (a slot migrating twice at once).
 MAX_REDIRECTS = 5
 _TRYAGAIN_PAUSE_S = 0.02
@@ -130,25 +139,43 @@ class ClusterNodes:
         found = self._pools.get(node.name)
         if found is None:
             url = node_url(self._seed_url, node)
-            found = self._pools[node.name] = ConnectionPool.from_url(url, decode_responses=True)
+            # Blocking: a burst beyond it waits for a connection, as the one-Redis pool does.
+            found = self._pools[node.name] = BlockingConnectionPool.from_url(
+                url, decode_responses=True, max_connections=POOL_PER_NODE
+            )
         return found
 
     def batch_sizes(self) -> dict[str, Counter[int]]:
         """The batches each node's pipeliner wrote, by size."""
         return {name: pipeliner.batch_sizes for name, pipeliner in self._pipeliners.items()}
 
-    def node_failed(self) -> None:
+    def node_failed(self, node: ClusterNode | None = None) -> None:
+        """A call failed for want of a node (``node``, when known): read the slot map again,
+        and stop using that node as redis-py's default (which it asks when it re-reads the map
+        itself: a dead default node fails every call of the client until it is replaced)."""
+        default = self.cluster.get_default_node()
+        if node is not None and (default is None or default.name == node.name):
+            self._replace_default(node.name)
         now = time.monotonic()
         if now < self._next_refresh or (self._refreshing and not self._refreshing.done()):
             return
         self._next_refresh = now + REFRESH_EVERY_S
         self._refreshing = asyncio.get_running_loop().create_task(self._refresh())
 
+    def _replace_default(self, failed: str) -> None:
+        others = [p for p in self.cluster.get_primaries() if p.name != failed]
+        if others:
+            self.cluster.set_default_node(random.choice(others))
+
     async def _refresh(self) -> None:
         try:
             await self.cluster.nodes_manager.initialize()
         except Exception:
             self._next_refresh = 0.0
+            return
+        default = self.cluster.get_default_node()
+        if default is None or default not in self.cluster.get_primaries():
+            self._replace_default(default.name if default else "")
 
     async def aclose(self) -> None:
         if self._refreshing is not None:
@@ -177,7 +204,7 @@ class ClusterPipeliner:
         except (MovedError, AskError, TryAgainError, ClusterDownError):
             return await self.nodes.cluster.execute_command(*args)
         except (RedisConnectionError, RedisTimeoutError):
-            self.nodes.node_failed()
+            self.nodes.node_failed(node)
             raise
 
     async def aclose(self) -> None:
@@ -199,11 +226,11 @@ async def send_on_node(
         try:
             replies = await _send(nodes.pool(node), sent)
         except _NotSent:
-            nodes.node_failed()
+            nodes.node_failed(node)
             await asyncio.sleep(_TRYAGAIN_PAUSE_S)
             continue
         except (RedisConnectionError, RedisTimeoutError):
-            nodes.node_failed()
+            nodes.node_failed(node)
             raise
         replies = replies[1:] if asking else replies
         first, asking = replies[0], None

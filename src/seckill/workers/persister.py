@@ -21,9 +21,10 @@ Failures, by kind:
   through XAUTOCLAIM once idle, and after ``max_deliveries`` it becomes a dead letter (a table
   row and an entry on the item's dead-letter stream) with its error;
 - a crashed persister: its pending entries go idle and another persister claims them;
-- Redis failed (a lost connection, a failover): acknowledgements sent just before may not have
-  reached the server that now answers, so the next read starts with this consumer's own pending
-  entries (they land again, idempotently) instead of leaving them until they go idle.
+- Redis failed (a lost connection, a failover; on a cluster, a stream now served by another
+  node): acknowledgements sent just before may not have reached the server that now answers, so
+  the next read starts with this consumer's own pending entries (they land again, idempotently)
+  instead of leaving them until they go idle.
 """
 
 from __future__ import annotations
@@ -39,9 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from seckill.domain.events import (
     AheadOfStream,
@@ -51,7 +51,7 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
-from seckill.engine.cluster import SLOT_UNAVAILABLE, RedisClient, is_cluster
+from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient, is_cluster
 from seckill.engine.engine import registered_items
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
 from seckill.engine.streams import GROUP
@@ -61,9 +61,6 @@ from seckill.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
-_REDIS_FAILED: tuple[type[Exception], ...] = (
-    RedisConnectionError, RedisTimeoutError, *SLOT_UNAVAILABLE
-)  # fmt: skip
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
 _COMMITS = metrics.SQL_TRANSACTIONS.labels(result="commit")
 _FAILURES = metrics.SQL_TRANSACTIONS.labels(result="failure")
@@ -120,6 +117,7 @@ class Persister:
         self._stop = stop or asyncio.Event()
         self._streams: dict[str, ItemKeys] = {}
         self._full: set[str] = set()  # streams that filled their share of the last pass
+        self._owners: dict[str, str] = {}  # on a cluster: the node serving each stream
         self._next_discover = 0.0
         self._next_claim = 0.0
         self._next_trim = 0.0
@@ -131,7 +129,7 @@ class Persister:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
         try:
             return await self._pass()
-        except _REDIS_FAILED:
+        except REDIS_UNAVAILABLE:
             self._own_pending_first = True
             raise
         except ResponseError as exc:
@@ -197,6 +195,8 @@ class Persister:
         return self._entries(reply or [])
 
     async def _read_each_stream(self, *, block: bool) -> list[Entry]:
+        if self._stream_moved():
+            return await self._read_own_pending()
         counts = self._shares()
         read = await self._read_streams(counts, ">")
         self._full = {stream for stream, entries in read if len(entries) >= counts[stream]}
@@ -227,6 +227,18 @@ class Persister:
                 pipe.xreadgroup(GROUP, self.consumer, {stream: start}, count=count)
             replies = await pipe.execute()
         return [stream_reply for reply in replies if reply for stream_reply in reply]
+
+    def _stream_moved(self) -> bool:
+        """Whether a stream is now served by another node than on the last pass (a failover,
+        or its slot moved), as the cluster client's slot map says."""
+        assert isinstance(self._redis, RedisCluster)
+        owners = {}
+        for stream in self._streams:
+            node = self._redis.get_node_from_key(stream)
+            owners[stream] = node.name if node else ""
+        moved = any(owners[s] != self._owners.get(s, owners[s]) for s in owners)
+        self._owners = owners
+        return moved
 
     def _shares(self) -> dict[str, int]:
         """How many entries to read from each stream this pass: about ``batch_size`` in all."""

@@ -2,15 +2,22 @@
 
 Each pass walks the items registry and calls ``expire_due`` per item until nothing is due. The
 script decides with Redis's clock and moves each hold once (held -> released is a compare-and-set
-inside it), so any number of reapers may run side by side: they only share the work.
+inside it), so any number of reapers may run side by side: they only share the work. An item
+whose Redis node does not answer (a cluster's master failing over) does not stop the pass: the
+items on the other nodes are reaped at the usual pace, and the pass fails (and the loop backs
+off) only when no item's node answered.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
+from seckill.engine.cluster import REDIS_UNAVAILABLE
 from seckill.engine.engine import RedisEngine
 from seckill.observability import metrics
+
+log = logging.getLogger(__name__)
 
 
 class Reaper:
@@ -24,13 +31,27 @@ class Reaper:
     async def run_once(self) -> int:
         """Release every hold due now, in every item; returns how many."""
         released = 0
-        for item_id in await self._engine.item_ids():
-            while True:
-                due = await self._engine.expire_due(item_id, limit=self._batch)
-                released += len(due)
-                if len(due) < self._batch:
-                    break
+        item_ids = await self._engine.item_ids()
+        unanswered: dict[int, Exception] = {}
+        for item_id in item_ids:
+            try:
+                released += await self._release_due(item_id)
+            except REDIS_UNAVAILABLE as exc:
+                unanswered[item_id] = exc
         self.released += released
         metrics.REAPER_RELEASES.inc(released)
+        if unanswered:
+            if len(unanswered) == len(item_ids):
+                raise next(iter(unanswered.values()))
+            log.warning("reaper: Redis did not answer for items %s: %s", sorted(unanswered),
+                        next(iter(unanswered.values())))  # fmt: skip
         metrics.REAPER_LAST_PASS.set(time.time())
         return released
+
+    async def _release_due(self, item_id: int) -> int:
+        released = 0
+        while True:
+            due = await self._engine.expire_due(item_id, limit=self._batch)
+            released += len(due)
+            if len(due) < self._batch:
+                return released
