@@ -84,8 +84,9 @@ def redis_cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
 @pytest.fixture
 async def cluster_redis(redis_cluster: LocalCluster) -> AsyncIterator[RedisCluster]:
     """A cluster client of ``redis_cluster``, every primary flushed first."""
-    client = RedisCluster.from_url(redis_cluster.url, decode_responses=True)
-    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    client = client_of(redis_cluster)
+    assert isinstance(client, RedisCluster)
+    await flush(client)
     yield client
     await client.aclose()
 

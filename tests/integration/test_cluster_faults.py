@@ -95,11 +95,9 @@ async def sale(api: Api, buyers: list[Buyer], *, pace_s: float) -> None:
 
 
 def owner_port(api: Api, item_id: int) -> int:
-    redis = api.runtime.redis
-    assert isinstance(redis, RedisCluster)
-    node = redis.get_node_from_key(item_keys(item_id).item)
-    assert node is not None
-    return int(node.port)
+    """The port of the master that holds the item."""
+    assert isinstance(api.runtime.redis, RedisCluster)
+    return owner(api.runtime.redis, item_keys(item_id).item)
 
 
 async def one_item_per_master(api: Api, total: int) -> dict[int, int]:

@@ -64,10 +64,6 @@ MAX_REDIRECTS = 5
 _TRYAGAIN_PAUSE_S = 0.02
 
 
-def is_cluster(redis: RedisClient) -> bool:
-    return isinstance(redis, RedisCluster)
-
-
 def connect(url: str, *, cluster: bool, max_connections: int) -> RedisClient:
     """A client of the Redis at ``url``, or of the cluster that ``url`` is a node of.
 

@@ -1,4 +1,4 @@
-"""Leasing an order-id worker id from RedisClient, so no two live processes share one.
+"""Leasing an order-id worker id from Redis, so no two live processes share one.
 
 A process claims the first free ``seckill:worker-id:<n>`` (n in 0..1023, scanning from a random
 start) as a ``Lease`` (see leases), and renews it every third of the lease.

@@ -68,7 +68,7 @@ class ItemCacheStats:
     """Counters since the cache was made, for tests and metrics.
 
     Every read is counted exactly once in one of: ``local_hits`` (in memory), ``absent_hits``
-    (known absent, in memory or in RedisClient), ``coalesced`` (awaited a load another reader in
+    (known absent, in memory or in Redis), ``coalesced`` (awaited a load another reader in
     this process started), ``redis_hits`` (a fresh card), ``stale_hits`` (a stale card, while
     another process reloads it) or ``sql_loads`` (read SQL, found or not). ``lock_waits`` counts
     loads that found the lock taken and polled for the card; ``unlocked_loads`` those that then

@@ -51,7 +51,7 @@ from seckill.domain.events import (
     decode_event,
     stream_position,
 )
-from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient, is_cluster
+from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
 from seckill.engine.engine import registered_items
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
 from seckill.engine.streams import GROUP
@@ -180,8 +180,8 @@ class Persister:
     async def _read(self, *, block: bool) -> list[Entry]:
         if self._own_pending_first:
             return await self._read_own_pending()
-        if is_cluster(self._redis):
-            return await self._read_each_stream(block=block)
+        if isinstance(self._redis, RedisCluster):
+            return await self._read_each_stream(self._redis, block=block)
         reply = cast(
             list[tuple[str, list[tuple[str, dict[str, str] | None]]]] | None,
             await self._redis.xreadgroup(
@@ -194,8 +194,8 @@ class Persister:
         )
         return self._entries(reply or [])
 
-    async def _read_each_stream(self, *, block: bool) -> list[Entry]:
-        if self._stream_moved():
+    async def _read_each_stream(self, cluster: RedisCluster, *, block: bool) -> list[Entry]:
+        if self._stream_moved(cluster):
             return await self._read_own_pending()
         counts = self._shares()
         read = await self._read_streams(counts, ">")
@@ -211,10 +211,8 @@ class Persister:
         claimed as a dead consumer's would be."""
         read = await self._read_streams(dict.fromkeys(self._streams, self.config.batch_size), "0")
         self._own_pending_first = False
-        for stream, entries in read:  # deleted from the stream while pending: nothing to land
-            gone = [entry_id for entry_id, fields in entries if fields is None]
-            if gone:
-                await self._redis.xack(stream, GROUP, *gone)
+        for stream, entries in read:
+            await self._ack_deleted(stream, entries)
         return self._entries(read)
 
     async def _read_streams(
@@ -228,13 +226,12 @@ class Persister:
             replies = await pipe.execute()
         return [stream_reply for reply in replies if reply for stream_reply in reply]
 
-    def _stream_moved(self) -> bool:
+    def _stream_moved(self, cluster: RedisCluster) -> bool:
         """Whether a stream is now served by another node than on the last pass (a failover,
         or its slot moved), as the cluster client's slot map says."""
-        assert isinstance(self._redis, RedisCluster)
         owners = {}
         for stream in self._streams:
-            node = self._redis.get_node_from_key(stream)
+            node = cluster.get_node_from_key(stream)
             owners[stream] = node.name if node else ""
         moved = any(owners[s] != self._owners.get(s, owners[s]) for s in owners)
         self._owners = owners
@@ -272,12 +269,17 @@ class Persister:
                 start_id="0-0",
                 count=self.config.batch_size,
             )
-            for entry_id, fields in reply[1]:
-                if fields is None:  # deleted from the stream while pending: nothing to land
-                    await self._redis.xack(stream, GROUP, entry_id)
-                else:
-                    claimed.append(Entry(keys, entry_id, fields))
+            await self._ack_deleted(stream, reply[1])
+            claimed += [Entry(keys, entry_id, fields) for entry_id, fields in reply[1] if fields]
         return claimed
+
+    async def _ack_deleted(
+        self, stream: str, entries: Sequence[tuple[str, dict[str, str] | None]]
+    ) -> None:
+        """Acknowledge the pending entries deleted from the stream meanwhile: nothing to land."""
+        gone = [entry_id for entry_id, fields in entries if fields is None]
+        if gone:
+            await self._redis.xack(stream, GROUP, *gone)
 
     # -- landing -------------------------------------------------------------------------------
 

@@ -41,10 +41,10 @@ class Reaper:
         self.released += released
         metrics.REAPER_RELEASES.inc(released)
         if unanswered:
+            first = next(iter(unanswered.values()))
             if len(unanswered) == len(item_ids):
-                raise next(iter(unanswered.values()))
-            log.warning("reaper: Redis did not answer for items %s: %s", sorted(unanswered),
-                        next(iter(unanswered.values())))  # fmt: skip
+                raise first
+            log.warning("reaper: Redis did not answer for items %s: %s", sorted(unanswered), first)
         metrics.REAPER_LAST_PASS.set(time.time())
         return released
 
