@@ -28,6 +28,7 @@ class SaleItem:
     ends_at_ms: int
     per_buyer_limit: int
     hold_ms: int
+    stock_shards: int = 1  # slots the stock is split over (see domain.shards)
 
     def __post_init__(self) -> None:
         rules.check_item_id(self.item_id)
@@ -37,6 +38,7 @@ class SaleItem:
             ends_at_ms=self.ends_at_ms,
             per_buyer_limit=self.per_buyer_limit,
             hold_ms=self.hold_ms,
+            stock_shards=self.stock_shards,
         )
 
 
@@ -67,6 +69,7 @@ class SaleTerms:
     ends_at: datetime
     per_buyer_limit: int
     hold_seconds: int
+    stock_shards: int = 1
 
 
 SALE_TERMS = tuple(f.name for f in fields(SaleTerms))
@@ -89,6 +92,7 @@ class NewItem(SaleTerms):
             ends_at_ms=datetime_to_ms(self.ends_at),
             per_buyer_limit=self.per_buyer_limit,
             hold_ms=self.hold_seconds * 1000 if isinstance(self.hold_seconds, int) else None,
+            stock_shards=self.stock_shards,
         )
 
 
@@ -108,4 +112,5 @@ class ItemRecord(SaleTerms):
             ends_at_ms=datetime_to_ms(self.ends_at),
             per_buyer_limit=self.per_buyer_limit,
             hold_ms=self.hold_seconds * 1000,
+            stock_shards=self.stock_shards,
         )

@@ -33,6 +33,8 @@ class Outcome(StrEnum):
     RELEASED = "released"
     ALREADY_RELEASED = "already_released"
     UNKNOWN_ORDER = "unknown_order"
+    # transfer_out / transfer_in (stock moving between an item's shards)
+    TRANSFERRED = "transferred"
     # recount / recover (the reconciler's repairs)
     RECOUNTED = "recounted"
     RECOVERED = "recovered"
@@ -63,6 +65,8 @@ class ErrorCode(StrEnum):
     PAYMENT_ID_REUSED = "payment_id_reused"
     HOLDS_EXCEED_TOTAL = "holds_exceed_total"
     INVALID_RECOVERY = "invalid_recovery"
+    INVALID_TRANSFER = "invalid_transfer"
+    STOCK_SHARDS_FIXED = "stock_shards_fixed"
 
 
 class InvalidRequest(ValueError):

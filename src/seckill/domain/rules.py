@@ -18,6 +18,7 @@ MAX_REQUEST_ID_LEN = 64
 MAX_PAYMENT_ID_LEN = 64
 MAX_QUANTITY = 1_000_000
 MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
+MAX_STOCK_SHARDS = 64
 # Times and deadlines (time + hold) stay within 14 digits: cjson stores numbers with 14
 # significant digits, so a hold record's deadline is exact (until the year 4821).
 MAX_TIME_MS = 90_000_000_000_000
@@ -113,9 +114,17 @@ def check_batch(limit: Any) -> None:
 
 
 def check_sale_item(
-    *, total: Any, starts_at_ms: Any, ends_at_ms: Any, per_buyer_limit: Any, hold_ms: Any
+    *,
+    total: Any,
+    starts_at_ms: Any,
+    ends_at_ms: Any,
+    per_buyer_limit: Any,
+    hold_ms: Any,
+    stock_shards: Any = 1,
 ) -> None:
     problems = []
+    if not _whole(stock_shards, 1, MAX_STOCK_SHARDS):
+        problems.append(f"stock shards must be an integer from 1 to {MAX_STOCK_SHARDS}")
     if not _whole(total, 0, MAX_TOTAL):
         problems.append(f"total must be an integer from 0 to {MAX_TOTAL}")
     if not (_whole(starts_at_ms, 0, MAX_TIME_MS) and _whole(ends_at_ms, 1, MAX_TIME_MS)):

@@ -7,11 +7,12 @@ state is one atomic snapshot, so a running sale is audited as exactly as a quiet
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 
 from seckill.domain.holds import Hold, HoldState
-from seckill.engine.engine import ItemSnapshot, RedisEngine
+from seckill.domain.shards import home_shard
+from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +48,58 @@ async def audit_item(engine: RedisEngine, item_id: int, *, journal: bool = True)
     """Every invariant of one item in Redis, from one atomic snapshot. ``journal=False`` skips
     the stream's completeness: true only of a stream nobody trims; once a persister has landed
     and trimmed it, the journal lives in SQL and the reconciler checks it there."""
-    return audit_snapshot(await engine.snapshot(item_id), journal=journal)
+    shards = await engine.shard_count(item_id)
+    if shards == 1:
+        return audit_snapshot(await engine.snapshot(item_id), journal=journal)
+    return audit_shards([await engine.snapshot(item_id, s) for s in range(shards)], journal=journal)
+
+
+def audit_shards(snapshots: Sequence[ItemSnapshot], *, journal: bool = True) -> list[Check]:
+    """An item with stock shards: every shard as an item of its own (its counters balance
+    against its own total), then the item across them: the shards put on one cut by their
+    transfer records (``combined_stock``) balance against the item's total, every order lives on
+    its buyer's home shard (so the per-buyer limit, checked per shard, holds for the item), and
+    a transfer seen on both sides moved the same units."""
+    checks = [
+        replace(check, name=f"shard {snap.shard}: {check.name}")
+        for snap in snapshots
+        for check in audit_snapshot(snap, journal=journal)
+    ]
+    item = snapshots[0].item
+    if item is None or any(snap.stock is None for snap in snapshots):
+        return checks
+    stock = combined_stock(item.total, [(s.stock, s.transfers) for s in snapshots if s.stock])
+    misplaced = [
+        order_id
+        for snap in snapshots
+        for order_id, hold in snap.holds.items()
+        if home_shard(hold.buyer, len(snapshots)) != snap.shard
+    ]
+    sent = {n[4:]: r for s in snapshots for n, r in s.transfers.items() if n.startswith("out:")}
+    received = {n[3:]: r for s in snapshots for n, r in s.transfers.items() if n.startswith("in:")}
+    mismatched = [
+        t for t in sent.keys() & received.keys() if sent[t]["units"] != received[t]["units"]
+    ]
+    return [
+        *checks,
+        Check(
+            "item stock balanced across shards",
+            stock.balanced,
+            f"available {stock.available} + held {stock.held} + sold {stock.sold}"
+            f" = {stock.available + stock.held + stock.sold}, total {stock.total}"
+            f" over {len(snapshots)} shards",
+        ),
+        Check(
+            "orders on their buyer's home shard",
+            not misplaced,
+            f"{len(misplaced)} elsewhere" + (f": {misplaced[:5]}" if misplaced else ""),
+        ),
+        Check(
+            "transfers agree on both sides",
+            not mismatched,
+            f"{len(sent)} sent, {len(received)} received, {len(mismatched)} disagree",
+        ),
+    ]
 
 
 def audit_snapshot(snapshot: ItemSnapshot, *, journal: bool = True) -> list[Check]:

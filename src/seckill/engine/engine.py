@@ -5,9 +5,10 @@ No framework types here, so any route, worker or benchmark can call it directly.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
 from redis.exceptions import ResponseError
@@ -23,12 +24,17 @@ from seckill.domain.holds import (
 )
 from seckill.domain.items import STOCK_FIELDS, SaleItem, Stock
 from seckill.domain.outcomes import Outcome
+from seckill.domain.shards import home_shard, split_stock
 from seckill.engine.cluster import RedisClient, time_ms
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
 from seckill.engine.scripts import ScriptName, Scripts
 
 Clock = Callable[[], int]
 """Epoch milliseconds. The engine's default is no clock at all: the scripts read Redis TIME."""
+
+
+Transfers = dict[str, dict[str, int]]
+"""A shard's transfer records: "out:<id>" / "in:<id>" -> {units, the other shard, at_ms}."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +72,9 @@ class ItemSnapshot:
     events: list[tuple[str, dict[str, str]]]
     last_event_id: str
     now_ms: int
+    shard: int = 0
+    shards: int = 1  # the item's shard count (this snapshot is of one of them)
+    transfers: Transfers = field(default_factory=dict)  # see ItemKeys.transfers
 
 
 class RecoveredOrder(NamedTuple):
@@ -90,6 +99,65 @@ class Recovery:
 
 _REPAIR_BATCH = 1_000
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
+_SHARD_FIELDS = ("shards", "item_total")  # on a shard, the item's count and total
+_SHORT = frozenset({Outcome.SOLD_OUT, Outcome.INSUFFICIENT_STOCK})
+
+# A purchase whose home shard is short takes stock from the fullest other shards, then asks its
+# home again; it does so at most this many times (others may take the units first).
+TRANSFER_ROUNDS = 3
+# A transfer still in transit this long after it was sent is delivered by the reaper: its sender
+# stopped between the two halves (usually it delivers within the same request).
+TRANSIT_GRACE_MS = 1_000
+
+
+class ShardCounts:
+    """Each item's stock shard count, read from the item's head once per process: it never
+    changes once the item is loaded (load_item refuses another)."""
+
+    def __init__(self, redis: RedisClient, prefix: str = DEFAULT_PREFIX) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._known: dict[int, int] = {}
+
+    async def of(self, item_id: int) -> int:
+        """The item's shard count; 1 for an item not loaded (not remembered: it may be loaded
+        with shards later)."""
+        known = self._known.get(item_id)
+        if known is not None:
+            return known
+        head = item_keys(item_id, self._prefix).item
+        shards, total = cast(list[str | None], await self._redis.hmget(head, ["shards", "total"]))
+        if total is None:
+            return 1
+        self._known[item_id] = count = int(shards or 1)
+        return count
+
+    def learn(self, item_id: int, shards: int) -> None:
+        self._known[item_id] = shards
+
+
+def combined_stock(item_total: int, parts: Sequence[tuple[Stock, Transfers]]) -> Stock:
+    """One item's stock from its shards' counters and transfer records, each pair read at once
+    on its shard (the shards at different instants).
+
+    A transfer moves ``available`` only, so the shards are put on one cut by their records:
+    units sent and not (yet, as read) received are in transit, still the item's available; units
+    read as received on a shard whose sender was read before sending are counted there only.
+    """
+    sent: dict[str, int] = {}
+    received: dict[str, int] = {}
+    for _, transfers in parts:
+        for name, record in transfers.items():
+            side, _, transfer_id = name.partition(":")
+            (sent if side == "out" else received)[transfer_id] = record["units"]
+    in_transit = sum(units for t, units in sent.items() if t not in received)
+    counted_twice = sum(units for t, units in received.items() if t not in sent)
+    return Stock(
+        item_total,
+        sum(stock.available for stock, _ in parts) + in_transit - counted_twice,
+        sum(stock.held for stock, _ in parts),
+        sum(stock.sold for stock, _ in parts),
+    )
 
 
 async def registered_items(redis: RedisClient, prefix: str = DEFAULT_PREFIX) -> list[int]:
@@ -130,6 +198,7 @@ class RedisEngine:
             if rate_limit is None
             else (str(rate_limit.requests), str(rate_limit.window_ms))
         )
+        self._shard_counts = ShardCounts(redis, prefix)
 
     @property
     def redis(self) -> RedisClient:
@@ -144,8 +213,17 @@ class RedisEngine:
     def prefix(self) -> str:
         return self._prefix
 
-    def keys(self, item_id: int) -> ItemKeys:
-        return item_keys(item_id, self._prefix)
+    def keys(self, item_id: int, shard: int = 0) -> ItemKeys:
+        """The keys of an item's shard (shard 0: the item's own, all of an unsharded item's)."""
+        return item_keys(item_id, self._prefix, shard)
+
+    async def shard_count(self, item_id: int) -> int:
+        """How many stock shards the item has (1 for an item not loaded)."""
+        return await self._shard_counts.of(item_id)
+
+    async def shard_keys(self, item_id: int) -> list[ItemKeys]:
+        """The keys of every shard of the item, shard 0 first."""
+        return [self.keys(item_id, s) for s in range(await self.shard_count(item_id))]
 
     async def item_ids(self) -> list[int]:
         """Every item ever loaded into this Redis, ascending (the items registry)."""
@@ -159,30 +237,63 @@ class RedisEngine:
         return "" if self._clock is None else str(self._clock())
 
     async def _call(
-        self, name: ScriptName, item_id: int, *args: Any, extra_keys: tuple[str, ...] = ()
+        self,
+        name: ScriptName,
+        item_id: int,
+        *args: Any,
+        extra_keys: tuple[str, ...] = (),
+        shard: int = 0,
     ) -> Any:
-        keys = (*self.keys(item_id).all_fixed(), *extra_keys)
+        keys = (*self.keys(item_id, shard).all_fixed(), *extra_keys)
         return await self._scripts.call(name, keys, (item_id, *args))
+
+    async def _read(self, *command: Any) -> Any:
+        """One keyed read, batched with the scripts' calls when there is a pipeliner."""
+        pipeliner = self._scripts.pipeliner
+        if pipeliner is None:
+            return await self._redis.execute_command(*command)
+        return await pipeliner.execute(*command)
 
     async def load_item(self, item: SaleItem, *, force: bool = False) -> Outcome:
         """Put an item on sale, or change its settings.
 
         An item with holds or sales is refused (``item_active``) unless ``force``; even then its
         held and sold units are kept and only ``available`` follows the new total.
+        With stock shards, each shard opens with its share of the total; once loaded, the shard
+        count and the total are fixed (``stock_shards_fixed``) and a load changes the settings.
         """
         # Registered first (it lives outside the item's slot): a worker may then find a stream
         # that has no entry yet, but never miss one that has.
         await self._redis.sadd(items_registry(self._prefix), item.item_id)
+        shards = item.stock_shards
+        if shards > 1 and not force:
+            # Every shard is asked before any changes, so settings never differ between shards
+            # because one shard was active and refused.
+            for shard in range(shards):
+                held_sold = await self._hmget(self.keys(item.item_id, shard).item, ("held", "sold"))
+                if held_sold and any(held_sold):
+                    await self._load_shard(item, shard, 0, force=False)  # raises item_active
+        codes = [
+            await self._load_shard(item, shard, share, force=force)
+            for shard, share in enumerate(split_stock(item.total, shards))
+        ]
+        self._shard_counts.learn(item.item_id, shards)
+        return Outcome.RELOADED if Outcome.RELOADED in codes else codes[0]
+
+    async def _load_shard(self, item: SaleItem, shard: int, share: int, *, force: bool) -> Outcome:
         reply = await self._call(
             ScriptName.LOAD_ITEM,
             item.item_id,
-            item.total,
+            share,
             item.starts_at_ms,
             item.ends_at_ms,
             item.per_buyer_limit,
             item.hold_ms,
             "1" if force else "0",
             self._now(),
+            item.stock_shards,
+            item.total,
+            shard=shard,
         )
         return Outcome(reply[0])
 
@@ -198,6 +309,9 @@ class RedisEngine:
     ) -> Reservation:
         """Try to hold ``quantity`` units for ``buyer``: one round trip, decided atomically.
 
+        With stock shards, the buyer's home shard decides. If it is short, stock is taken from
+        the other shards (see ``_take_stock``) and the home asks again, up to ``TRANSFER_ROUNDS``
+        times: ``sold_out`` then means every shard answered that it had nothing left.
         With a rate limit, an attempt past it answers ``rate_limited`` with ``retry_after_ms``
         and changes nothing; a replay of a recorded key is answered before the limit, uncounted.
         """
@@ -207,10 +321,10 @@ class RedisEngine:
         rules.check_idempotency_key(idempotency_key)
         rules.check_order_id(order_id)
         rules.check_request_id(request_id)
-        keys = self.keys(item_id)
-        reply = await self._call(
-            ScriptName.RESERVE,
-            item_id,
+        shards = await self._shard_counts.of(item_id)
+        home = home_shard(buyer, shards)
+        keys = self.keys(item_id, home)
+        args: tuple[Any, ...] = (
             buyer,
             quantity,
             order_id,
@@ -218,16 +332,100 @@ class RedisEngine:
             self._now(),
             *self._rate_args,
             request_id,
-            extra_keys=(keys.idempotency(buyer, idempotency_key), keys.rate(buyer)),
         )
-        code = Outcome(reply[0])
-        if len(reply) == 1:
-            return Reservation(code)
-        if code is Outcome.RATE_LIMITED:
-            return Reservation(code, retry_after_ms=int(reply[1]))
-        replayed = code is not Outcome.RESERVED
-        outcome = Outcome.RESERVED if code is Outcome.REPLAY else code
-        return Reservation(outcome, int(reply[1]), int(reply[2]), replayed=replayed)
+        extra_keys = (keys.idempotency(buyer, idempotency_key), keys.rate(buyer))
+        reply = await self._call(
+            ScriptName.RESERVE, item_id, *args, extra_keys=extra_keys, shard=home
+        )
+        transfer = 0
+        while shards > 1 and transfer < TRANSFER_ROUNDS and Outcome(reply[0]) in _SHORT:
+            transfer += 1
+            moved = await self._take_stock(
+                item_id, to=home, need=quantity, transfer_id=f"{order_id}.{transfer}",
+                shards=shards,
+            )  # fmt: skip
+            if not moved:
+                break  # every other shard answered that it had nothing left
+            # The same attempt asked again: not counted against the rate limit a second time.
+            args = (*args[:4], self._now(), "", "", request_id)
+            reply = await self._call(
+                ScriptName.RESERVE, item_id, *args, extra_keys=extra_keys, shard=home
+            )
+        return _reservation(reply)
+
+    async def _take_stock(
+        self, item_id: int, *, to: int, need: int, transfer_id: str, shards: int
+    ) -> int:
+        """Move at least ``need`` units to shard ``to`` from the other shards, fullest first, as
+        far as they have any; returns the units moved (0: each had none when asked)."""
+        others = [shard for shard in range(shards) if shard != to]
+        available = await asyncio.gather(
+            *(self._read("HGET", self.keys(item_id, s).item, "available") for s in others)
+        )
+        donors = sorted(
+            ((int(a), s) for a, s in zip(available, others, strict=True) if a and int(a) > 0),
+            reverse=True,
+        )
+        moved = 0
+        for _, donor in donors:
+            units = await self.transfer(
+                item_id, source=donor, to=to, need=need - moved,
+                transfer_id=f"{transfer_id}.{donor}",
+            )  # fmt: skip
+            moved += units
+            if moved >= need:
+                break
+        return moved
+
+    async def transfer(
+        self, item_id: int, *, source: int, to: int, need: int, transfer_id: str
+    ) -> int:
+        """Move stock from shard ``source`` to shard ``to``: at least ``need`` units if the source
+        has them, all it has if not (see transfer_out.lua); returns the units moved. Idempotent
+        per ``transfer_id``. If the second half fails, the units stay in transit until
+        :meth:`deliver_in_transit` (the reaper) delivers them."""
+        sent = self.keys(item_id, source)
+        reply = await self._call(
+            ScriptName.TRANSFER_OUT, item_id, transfer_id, to, need, self._now(),
+            extra_keys=(sent.transfers, sent.in_transit), shard=source,
+        )  # fmt: skip
+        if Outcome(reply[0]) not in (Outcome.TRANSFERRED, Outcome.REPLAY):
+            return 0
+        units = int(reply[1])
+        await self._deliver(item_id, source=source, to=to, transfer_id=transfer_id, units=units)
+        return units
+
+    async def _deliver(
+        self, item_id: int, *, source: int, to: int, transfer_id: str, units: int
+    ) -> None:
+        await self._call(
+            ScriptName.TRANSFER_IN, item_id, transfer_id, source, units, self._now(),
+            extra_keys=(self.keys(item_id, to).transfers,), shard=to,
+        )  # fmt: skip
+        await self._redis.zrem(self.keys(item_id, source).in_transit, transfer_id)
+
+    async def deliver_in_transit(self, item_id: int, shard: int, *, limit: int = 100) -> int:
+        """Deliver the transfers shard ``shard`` sent more than ``TRANSIT_GRACE_MS`` ago that are
+        still in transit (their sender stopped between the halves); returns how many."""
+        keys = self.keys(item_id, shard)
+        now = await time_ms(self._redis, keys.item) if self._clock is None else self._clock()
+        due = cast(
+            list[str],
+            await self._redis.zrangebyscore(
+                keys.in_transit, "-inf", now - TRANSIT_GRACE_MS, start=0, num=limit
+            ),
+        )
+        for transfer_id in due:
+            raw = cast(str | None, await self._redis.hget(keys.transfers, f"out:{transfer_id}"))
+            if raw is None:  # not a transfer this shard sent: nothing to deliver
+                await self._redis.zrem(keys.in_transit, transfer_id)
+                continue
+            record = json.loads(raw)
+            await self._deliver(
+                item_id, source=shard, to=int(record["to"]), transfer_id=transfer_id,
+                units=int(record["units"]),
+            )  # fmt: skip
+        return len(due)
 
     async def recorded(
         self, item_id: int, *, buyer: str, quantity: int, idempotency_key: str
@@ -239,12 +437,9 @@ class RedisEngine:
         rules.check_buyer(buyer)
         rules.check_quantity(quantity)
         rules.check_idempotency_key(idempotency_key)
-        key = self.keys(item_id).idempotency(buyer, idempotency_key)
-        pipeliner = self._scripts.pipeliner
-        if pipeliner is None:
-            raw = await self._redis.get(key)
-        else:  # it runs on every request for a sold-out item: batched like the scripts
-            raw = await pipeliner.execute("GET", key)
+        home = home_shard(buyer, await self._shard_counts.of(item_id))
+        # It runs on every request for a sold-out item: batched like the scripts.
+        raw = await self._read("GET", self.keys(item_id, home).idempotency(buyer, idempotency_key))
         if raw is None:
             return None
         first = json.loads(raw)
@@ -263,15 +458,21 @@ class RedisEngine:
         """
         rules.check_item_id(item_id)
         rules.check_order_id(order_id)
-        return _transition(await self._call(ScriptName.CONFIRM, item_id, order_id, self._now()))
+        shard = await self.order_shard(item_id, order_id)
+        return _transition(
+            await self._call(ScriptName.CONFIRM, item_id, order_id, self._now(), shard=shard)
+        )
 
     async def release(self, item_id: int, order_id: int, reason: ReleaseReason) -> HoldTransition:
         """Give a hold's stock back. Idempotent; a paid hold refuses (``already_paid``)."""
         rules.check_item_id(item_id)
         rules.check_order_id(order_id)
         reason = ReleaseReason(reason)
+        shard = await self.order_shard(item_id, order_id)
         return _transition(
-            await self._call(ScriptName.RELEASE, item_id, order_id, reason.value, self._now())
+            await self._call(
+                ScriptName.RELEASE, item_id, order_id, reason.value, self._now(), shard=shard
+            )
         )
 
     async def settle_payment(
@@ -288,6 +489,7 @@ class RedisEngine:
         rules.check_order_id(order_id)
         rules.check_payment_id(payment_id)
         rules.check_payment_result(succeeded)
+        shard = await self._payment_shard(item_id, order_id, payment_id)
         reply = await self._call(
             ScriptName.SETTLE_PAYMENT,
             item_id,
@@ -295,18 +497,46 @@ class RedisEngine:
             payment_id,
             "succeeded" if succeeded else "failed",
             self._now(),
-            extra_keys=(self.keys(item_id).payments,),
+            extra_keys=(self.keys(item_id, shard).payments,),
+            shard=shard,
         )
         if Outcome(reply[0]) is Outcome.REPLAY:
             return PaymentSettlement(Outcome(reply[1]), _reason(reply, 2), replayed=True)
         return PaymentSettlement(Outcome(reply[0]), _reason(reply, 1))
 
-    async def expire_due(self, item_id: int, *, limit: int = 500) -> list[int]:
-        """Release at most ``limit`` holds past their deadline; returns their order ids."""
+    async def expire_due(self, item_id: int, *, limit: int = 500, shard: int = 0) -> list[int]:
+        """Release at most ``limit`` holds of one shard past their deadline; returns their order
+        ids."""
         rules.check_item_id(item_id)
         rules.check_batch(limit)
-        reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self._now(), limit)
+        reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self._now(), limit, shard=shard)
         return [int(order_id) for order_id in reply]
+
+    async def order_shard(self, item_id: int, order_id: int) -> int:
+        """The shard holding an order (its buyer's home); 0 when no shard knows it, where the
+        scripts answer ``unknown_order``. Holds never move, so the answer stays true."""
+        shards = await self._shard_counts.of(item_id)
+        if shards == 1:
+            return 0
+        found = await asyncio.gather(
+            *(self._read("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
+        )
+        return next((s for s in range(shards) if found[s]), 0)
+
+    async def _payment_shard(self, item_id: int, order_id: int, payment_id: str) -> int:
+        """Where a payment notice is settled: the shard that recorded this payment id before (it
+        answers a replay, or payment_id_reused for another order), else the order's."""
+        shards = await self._shard_counts.of(item_id)
+        if shards == 1:
+            return 0
+        seen = await asyncio.gather(
+            *(
+                self._read("HEXISTS", self.keys(item_id, s).payments, payment_id)
+                for s in range(shards)
+            )
+        )
+        recorded = next((s for s in range(shards) if seen[s]), None)
+        return await self.order_shard(item_id, order_id) if recorded is None else recorded
 
     # -- the reconciler's repairs (operator actions, O(holds); never on the purchase path) --------
 
@@ -362,29 +592,65 @@ class RedisEngine:
     # decodes, so the reads below state the shapes they get.
 
     async def item(self, item_id: int) -> SaleItem | None:
-        """The item's sale settings as loaded, or None."""
-        values = await self._hmget(self.keys(item_id).item, _ITEM_FIELDS)
-        if values is None:
+        """The item's sale settings as loaded (from its head), or None."""
+        raw = cast(
+            list[str | None],
+            await self._redis.hmget(
+                self.keys(item_id).item, [*_ITEM_FIELDS, "shards", "item_total"]
+            ),
+        )
+        if any(v is None for v in raw[: len(_ITEM_FIELDS)]):
             return None
-        return SaleItem(item_id=item_id, **dict(zip(_ITEM_FIELDS, values, strict=True)))
+        settings = dict(zip(_ITEM_FIELDS, (int(v or 0) for v in raw), strict=False))
+        shards = int(raw[-2] or 1)
+        if shards > 1:
+            settings["total"] = int(raw[-1] or 0)  # the head's own total is its shard's
+        return SaleItem(item_id=item_id, stock_shards=shards, **settings)
 
     async def stock(self, item_id: int) -> Stock | None:
-        """The item's counters, read in one command (so they are consistent), or None."""
-        values = await self._hmget(self.keys(item_id).item, STOCK_FIELDS)
-        return None if values is None else Stock(*values)
+        """The item's counters, or None. Unsharded: read in one command (so they are
+        consistent). With shards: each shard read at once with its transfers, put on one cut
+        by :func:`combined_stock`, so ``available + held + sold == total`` as on one shard."""
+        shards = await self._shard_counts.of(item_id)
+        if shards == 1:
+            values = await self._hmget(self.keys(item_id).item, STOCK_FIELDS)
+            return None if values is None else Stock(*values)
+        parts = await asyncio.gather(*(self.shard_stock(item_id, s) for s in range(shards)))
+        if any(part is None for part in parts):
+            return None
+        item_total = await self._hmget(self.keys(item_id).item, ("item_total",))
+        assert item_total is not None
+        return combined_stock(item_total[0], [p for p in parts if p is not None])
+
+    async def shard_stock(self, item_id: int, shard: int) -> tuple[Stock, Transfers] | None:
+        """One shard's counters and transfer records, read at once; None if it is not loaded."""
+        keys = self.keys(item_id, shard)
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.hmget(keys.item, list(STOCK_FIELDS))
+            tx.hgetall(keys.transfers)
+            counters, transfers = await tx.execute()
+        if any(v is None for v in counters):
+            return None
+        return Stock(*(int(v) for v in counters)), _transfers(transfers)
 
     async def hold(self, item_id: int, order_id: int) -> Hold | None:
-        raw = cast(str | None, await self._redis.hget(self.keys(item_id).holds, str(order_id)))
+        holds = self.keys(item_id, await self.order_shard(item_id, order_id)).holds
+        raw = cast(str | None, await self._redis.hget(holds, str(order_id)))
         return None if raw is None else _hold(order_id, raw)
 
     async def holds(self, item_id: int) -> dict[int, Hold]:
-        """Every hold of an item, in any state (for audits and tests; O(holds))."""
-        raw = cast(dict[str, str], await self._redis.hgetall(self.keys(item_id).holds))
-        return {int(k): _hold(int(k), v) for k, v in raw.items()}
+        """Every hold of an item, in any state, from every shard (for audits and tests;
+        O(holds))."""
+        out: dict[int, Hold] = {}
+        for keys in await self.shard_keys(item_id):
+            raw = cast(dict[str, str], await self._redis.hgetall(keys.holds))
+            out.update({int(k): _hold(int(k), v) for k, v in raw.items()})
+        return out
 
-    async def events(self, item_id: int) -> list[tuple[str, dict[str, str]]]:
-        """The item's whole journal, oldest first (for audits and tests; O(events))."""
-        key, start = self.keys(item_id).events, "-"
+    async def events(self, item_id: int, shard: int = 0) -> list[tuple[str, dict[str, str]]]:
+        """A shard's whole journal (shard 0: an unsharded item's), oldest first (for audits and
+        tests; O(events))."""
+        key, start = self.keys(item_id, shard).events, "-"
         out: list[tuple[str, dict[str, str]]] = []
         while True:
             page = cast(
@@ -397,20 +663,30 @@ class RedisEngine:
             start = "(" + page[-1][0]
 
     async def deadlines(self, item_id: int) -> dict[int, int]:
-        """Held order ids and their deadlines (ms), from the expiry index."""
-        raw = cast(
-            list[tuple[str, float]],
-            await self._redis.zrange(self.keys(item_id).deadlines, 0, -1, withscores=True),
-        )
-        return {int(order_id): int(score) for order_id, score in raw}
+        """Held order ids and their deadlines (ms), from every shard's expiry index."""
+        out: dict[int, int] = {}
+        for keys in await self.shard_keys(item_id):
+            raw = cast(
+                list[tuple[str, float]],
+                await self._redis.zrange(keys.deadlines, 0, -1, withscores=True),
+            )
+            out.update({int(order_id): int(score) for order_id, score in raw})
+        return out
 
     async def buyer_units(self, item_id: int) -> dict[str, int]:
-        """Units held or paid per buyer (buyers at zero are not listed)."""
-        raw = cast(dict[str, str], await self._redis.hgetall(self.keys(item_id).buyers))
-        return {buyer: int(units) for buyer, units in raw.items()}
+        """Units held or paid per buyer (buyers at zero are not listed), from every shard."""
+        out: dict[str, int] = {}
+        for keys in await self.shard_keys(item_id):
+            raw = cast(dict[str, str], await self._redis.hgetall(keys.buyers))
+            for buyer, units in raw.items():
+                out[buyer] = out.get(buyer, 0) + int(units)
+        return out
 
-    async def snapshot(self, item_id: int) -> ItemSnapshot:
-        keys = self.keys(item_id)
+    async def snapshot(self, item_id: int, shard: int = 0) -> ItemSnapshot:
+        """One shard's whole state (shard 0: an unsharded item's) in one MULTI/EXEC. With
+        shards, ``item`` is the item's settings and ``stock`` the shard's own counters."""
+        shards = await self._shard_counts.of(item_id)
+        keys = self.keys(item_id, shard)
         # Read just before the transaction, on the item's own server (a cluster refuses TIME in
         # a transaction of one slot): a lower bound of the snapshot's instant, so a hold is
         # never judged overdue early.
@@ -422,19 +698,23 @@ class RedisEngine:
             tx.zrange(keys.deadlines, 0, -1, withscores=True)
             tx.xrange(keys.events)
             tx.xinfo_stream(keys.events)
-            item, holds, buyers, deadlines, events, stream = await tx.execute(raise_on_error=False)
+            tx.hgetall(keys.transfers)
+            item, holds, buyers, deadlines, events, stream, transfers = await tx.execute(
+                raise_on_error=False
+            )
         if isinstance(stream, ResponseError):  # no such key: the stream was never written
             stream = {"last-generated-id": "0-0"}
-        for reply in (item, holds, buyers, deadlines, events):
+        for reply in (item, holds, buyers, deadlines, events, transfers):
             if isinstance(reply, Exception):
                 raise reply
         item = cast(dict[str, str], item)
         complete = all(f in item for f in _ITEM_FIELDS)
+        settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
+        if complete and shards > 1:
+            settings["total"] = int(item["item_total"])
         return ItemSnapshot(
             item_id=item_id,
-            item=SaleItem(item_id=item_id, **{f: int(item[f]) for f in _ITEM_FIELDS})
-            if complete
-            else None,
+            item=SaleItem(item_id=item_id, stock_shards=shards, **settings) if complete else None,
             stock=Stock(*(int(item[f]) for f in STOCK_FIELDS)) if complete else None,
             holds={int(k): _hold(int(k), v) for k, v in cast(dict[str, str], holds).items()},
             buyers={b: int(n) for b, n in cast(dict[str, str], buyers).items()},
@@ -442,12 +722,15 @@ class RedisEngine:
             events=cast(list[tuple[str, dict[str, str]]], events),
             last_event_id=str(stream["last-generated-id"]),
             now_ms=now_ms,
+            shard=shard,
+            shards=shards,
+            transfers=_transfers(cast(dict[str, str], transfers)),
         )
 
-    async def last_event_id(self, item_id: int) -> str:
-        """The last id the item's stream generated ("0-0": no stream)."""
+    async def last_event_id(self, item_id: int, shard: int = 0) -> str:
+        """The last id a shard's stream generated ("0-0": no stream)."""
         try:
-            info = await self._redis.xinfo_stream(self.keys(item_id).events)
+            info = await self._redis.xinfo_stream(self.keys(item_id, shard).events)
         except ResponseError:  # no such key
             return "0-0"
         return str(info["last-generated-id"])
@@ -459,8 +742,23 @@ class RedisEngine:
         return [int(v) for v in values if v is not None]
 
 
+def _transfers(raw: dict[str, str]) -> Transfers:
+    return {name: json.loads(record) for name, record in raw.items()}
+
+
 def _reason(reply: list[Any], at: int) -> ReleaseReason | None:
     return ReleaseReason(reply[at]) if len(reply) > at else None
+
+
+def _reservation(reply: list[Any]) -> Reservation:
+    code = Outcome(reply[0])
+    if len(reply) == 1:
+        return Reservation(code)
+    if code is Outcome.RATE_LIMITED:
+        return Reservation(code, retry_after_ms=int(reply[1]))
+    replayed = code is not Outcome.RESERVED
+    outcome = Outcome.RESERVED if code is Outcome.REPLAY else code
+    return Reservation(outcome, int(reply[1]), int(reply[2]), replayed=replayed)
 
 
 def _transition(reply: list[Any]) -> HoldTransition:

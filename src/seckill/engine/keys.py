@@ -1,7 +1,9 @@
 """The one place that names Redis keys.
 
 Every key of an item carries the hash tag ``{item:<id>}``, so a script touching them all stays in
-one cluster slot. Scripts never build key names: they receive every key in KEYS.
+one cluster slot. An item with stock shards has one such set of keys per shard: shard 0 is the
+item's own (``{item:<id>}``, also its head: the shard count lives there), shard k > 0 is
+``{item:<id>:s<k>}``, another slot. Scripts never build key names: they receive every key in KEYS.
 """
 
 from __future__ import annotations
@@ -14,13 +16,20 @@ DEFAULT_PREFIX = "seckill"
 
 @dataclass(frozen=True, slots=True)
 class ItemKeys:
-    item: str  # hash: total available held sold starts_at_ms ends_at_ms per_buyer_limit hold_ms
+    item_id: int
+    shard: int
+    # hash: total available held sold starts_at_ms ends_at_ms per_buyer_limit hold_ms shards
+    # (on a shard, total is the shard's: its opening stock plus transfers in, minus out)
+    item: str
     buyers: str  # hash: buyer -> units held or paid
     holds: str  # hash: order id -> hold record (JSON)
     deadlines: str  # sorted set: held order ids scored by deadline (ms)
     events: str  # stream: one entry per state change, the outbox and journal
     dead_letters: str  # stream: entries the persister gave up on, with why
     payments: str  # hash: provider payment id -> the notice's answer (JSON), applied once
+    # hash: "out:<id>" / "in:<id>" -> the stock transfer (JSON) this shard sent / received
+    transfers: str
+    in_transit: str  # sorted set: transfers sent and not yet known received, scored by ms sent
     idempotency_prefix: str
     rate_prefix: str
 
@@ -43,9 +52,11 @@ class ItemKeys:
 
 
 @lru_cache(maxsize=4096)
-def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> ItemKeys:
-    base = f"{prefix}:{{item:{item_id}}}"
+def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> ItemKeys:
+    base = f"{prefix}:{{item:{item_id}}}" if shard == 0 else f"{prefix}:{{item:{item_id}:s{shard}}}"
     return ItemKeys(
+        item_id=item_id,
+        shard=shard,
         item=base,
         buyers=f"{base}:buyers",
         holds=f"{base}:holds",
@@ -53,14 +64,16 @@ def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> ItemKeys:
         events=f"{base}:events",
         dead_letters=f"{base}:dead",
         payments=f"{base}:payments",
+        transfers=f"{base}:transfers",
+        in_transit=f"{base}:in-transit",
         idempotency_prefix=f"{base}:idem:",
         rate_prefix=f"{base}:rate:",
     )
 
 
-def item_pattern(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
-    """A SCAN pattern matching every key of one item."""
-    return f"{prefix}:{{item:{item_id}}}*"
+def item_pattern(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> str:
+    """A SCAN pattern matching every key of one item's shard (shard 0: the item's own)."""
+    return item_keys(item_id, prefix, shard).item + "*"
 
 
 def items_registry(prefix: str = DEFAULT_PREFIX) -> str:

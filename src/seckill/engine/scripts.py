@@ -44,6 +44,8 @@ class ScriptName(StrEnum):
     REPLAY_HOLDS = "replay_holds"
     RECOUNT = "recount"
     RECOVER = "recover"
+    TRANSFER_OUT = "transfer_out"
+    TRANSFER_IN = "transfer_in"
     RENEW_LEASE = "renew_lease"
     DROP_LEASE = "drop_lease"
 
@@ -52,17 +54,19 @@ class ScriptName(StrEnum):
 ITEM_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
      ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
-     ScriptName.RECOUNT, ScriptName.RECOVER}
+     ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT, ScriptName.TRANSFER_IN}
 )  # fmt: skip
 
 
 # The writes whose answers reach buyers, admins and the payment provider: with a Durability they
 # wait for replicas. The lease scripts (see leases) do not: a lost renewal is renewed again, a
 # lost drop lapses; the repair scripts are an operator's, re-run until the reconciler finds no
-# drift.
+# drift. A transfer's second half is sent only once its first is acknowledged: a lost first half
+# with a received second would count the units twice.
 WAITED_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
-     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE}
+     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.TRANSFER_OUT,
+     ScriptName.TRANSFER_IN}
 )  # fmt: skip
 
 

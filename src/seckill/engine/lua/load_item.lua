@@ -3,6 +3,12 @@
 -- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events
 -- ARGV  1 item id  2 total  3 starts_at_ms  4 ends_at_ms  5 per_buyer_limit  6 hold_ms
 --       7 force ("1" or "0")  8 now (ms; "" = Redis TIME)
+--       9 stock shards (absent: 1)  10 the item's total (absent: ARGV 2)
+--
+-- With stock shards, the keys are one shard's and ARGV 2 its opening share. A shard already
+-- loaded keeps its own total (transfers have moved stock since it opened): only the settings
+-- change. The item's total and shard count are fixed once loaded (stock_shards_fixed).
+-- The `loaded` event carries the item's total (the SQL inventory's), and `shard_total`.
 --
 -- Replies:
 --   loaded      {loaded}: a new item, or one with nothing held or sold: available = total
@@ -13,6 +19,7 @@
 --   item_active            holds or sales exist and force is not set: stock is never reset
 --   total_below_committed  forced, but the new total is below held + sold
 --   limit_below_committed  forced, but a buyer already holds or bought more than the new limit
+--   stock_shards_fixed     another shard count than loaded, or with shards another total
 
 local item_id = ARGV[1]
 local refused = bad_item_id(item_id)
@@ -25,8 +32,20 @@ local now = now_arg(ARGV[8])
 refused = bad_time(now)
 if refused then return refused end
 
-local counts = redis.call("HMGET", K.item, "held", "sold")
+local shards = int_arg(ARGV[9] or "1", 1, 64)
+local item_total = int_arg(ARGV[10] or ARGV[2], 0, MAX_TOTAL)
+if not (shards and item_total) then
+  return invalid("invalid_item", "stock shards must be from 1 to 64, with the item's total")
+end
+
+local counts = redis.call("HMGET", K.item, "held", "sold", "total", "shards", "item_total")
 local held, sold = tonumber(counts[1] or "0"), tonumber(counts[2] or "0")
+if counts[3] and (tonumber(counts[4] or "1") ~= shards
+    or (shards > 1 and tonumber(counts[5]) ~= item_total)) then
+  return invalid("stock_shards_fixed", "loaded with " .. (counts[4] or "1") .. " stock shards and a total of "
+    .. (counts[5] or counts[3]) .. "; neither changes once loaded with shards")
+end
+if shards > 1 and counts[3] then total = tonumber(counts[3]) end
 local code = "loaded"
 if held > 0 or sold > 0 then
   if ARGV[7] ~= "1" then
@@ -47,8 +66,9 @@ end
 
 local available = total - held - sold
 redis.call("HSET", K.item, "total", total, "available", available, "held", held, "sold", sold,
-  "starts_at_ms", starts, "ends_at_ms", ends, "per_buyer_limit", limit, "hold_ms", hold_ms)
-redis.call("XADD", K.events, "*", "event", "loaded", "item_id", item_id, "total", total,
-  "available", available, "starts_at_ms", starts, "ends_at_ms", ends, "per_buyer_limit", limit,
-  "hold_ms", hold_ms, "at_ms", now)
+  "starts_at_ms", starts, "ends_at_ms", ends, "per_buyer_limit", limit, "hold_ms", hold_ms,
+  "shards", shards, "item_total", item_total)
+redis.call("XADD", K.events, "*", "event", "loaded", "item_id", item_id, "total", item_total,
+  "shard_total", total, "available", available, "starts_at_ms", starts, "ends_at_ms", ends,
+  "per_buyer_limit", limit, "hold_ms", hold_ms, "at_ms", now)
 return { code }
