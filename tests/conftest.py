@@ -152,7 +152,12 @@ def timed_engine(redis: RedisClient, scripts: Scripts, clock: ManualClock) -> Re
 
 
 def open_item(
-    item_id: int = 1, *, total: int = 100, limit: int = 1, hold_ms: int = 60_000
+    item_id: int = 1,
+    *,
+    total: int = 100,
+    limit: int = 1,
+    hold_ms: int = 60_000,
+    stock_shards: int = 1,
 ) -> SaleItem:
     """An item whose sale is on now and for the next hour."""
     now = int(time.time() * 1000)
@@ -163,6 +168,7 @@ def open_item(
         ends_at_ms=now + 3_600_000,
         per_buyer_limit=limit,
         hold_ms=hold_ms,
+        stock_shards=stock_shards,
     )
 
 

@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from seckill.domain.rules import MAX_STOCK_SHARDS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SECKILL_", env_file=".env", extra="ignore")
@@ -53,6 +55,12 @@ class Settings(BaseSettings):
 
     hold_seconds: int = Field(300, ge=1, description="Default time a buyer has to pay.")
     per_buyer_limit: int = Field(1, ge=1, description="Default units one buyer may hold or buy.")
+    stock_shards: int = Field(
+        1,
+        ge=1,
+        le=MAX_STOCK_SHARDS,
+        description="Default number of Redis slots a new item's stock is split over.",
+    )
     idempotency_ttl_seconds: int = Field(86_400, ge=1)
 
     worker_id: int | None = Field(

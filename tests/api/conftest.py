@@ -125,6 +125,7 @@ class Api:
         warm: bool = True,
         starts_in: timedelta = timedelta(minutes=-1),
         ends_in: timedelta = timedelta(hours=1),
+        stock_shards: int = 1,
     ) -> int:
         """An item created and warmed through the admin routes; its sale window is relative to
         now (open from a minute ago for an hour unless told otherwise)."""
@@ -140,6 +141,7 @@ class Api:
                 "ends_at": (now + ends_in).isoformat(),
                 "per_buyer_limit": limit,
                 "hold_seconds": hold_seconds,
+                "stock_shards": stock_shards,
             },
         )
         assert answer.status_code == 201, answer.text

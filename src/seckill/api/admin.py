@@ -39,6 +39,7 @@ async def create_item(body: NewItemIn, _: AdminIdentity, ctx: Ctx) -> ItemOut:
         name=body.name, price_cents=body.price_cents, total=body.total,
         starts_at=body.starts_at, ends_at=body.ends_at,
         per_buyer_limit=body.per_buyer_limit, hold_seconds=body.hold_seconds,
+        stock_shards=body.stock_shards,
     )  # fmt: skip
     return item_out(await item_on_sale(ctx.item_cache, item_id))
 
@@ -78,6 +79,7 @@ async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersO
         sql=_counters(found.sql),
         backlog=found.backlog,
         agree=found.redis == found.sql,
+        shards=[_counters(shard) for shard in found.shards],
     )
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
 from seckill.domain.orders import OrderStatus
-from seckill.domain.rules import MAX_ID, MAX_QUANTITY
+from seckill.domain.rules import MAX_ID, MAX_QUANTITY, MAX_STOCK_SHARDS
 
 OrderId = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,18}$")]
 Token = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")]  # visible ASCII
@@ -45,6 +45,13 @@ class NewItemIn(_In):
     ends_at: DateTimeText
     per_buyer_limit: int | None = Field(None, ge=1, le=MAX_QUANTITY)
     hold_seconds: int | None = Field(None, ge=1, le=2_592_000)
+    stock_shards: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_STOCK_SHARDS,
+        description="Redis slots the stock is split over, so several primaries sell one item "
+        "(default: the server's SECKILL_STOCK_SHARDS, 1). Fixed once the item is warmed.",
+    )
 
 
 class ItemOut(BaseModel):
@@ -56,6 +63,7 @@ class ItemOut(BaseModel):
     ends_at: datetime
     per_buyer_limit: int
     hold_seconds: int
+    stock_shards: int
     available: int | None = Field(description="Units left now; null until the item is warmed.")
 
 
@@ -77,6 +85,10 @@ class ItemCountersOut(BaseModel):
     sql: Counters | None
     backlog: int = Field(description="Stream entries not yet landed in SQL.")
     agree: bool = Field(description="Redis and SQL counters are equal (expected once drained).")
+    shards: list[Counters | None] = Field(
+        description="Each stock shard's own counters in Redis (its total moves with transfers); "
+        "one entry for an item without shards."
+    )
 
 
 class CheckOut(BaseModel):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from seckill.cli.common import abort, console, current_settings, setting_default, with_runtime
+from seckill.domain.rules import MAX_STOCK_SHARDS
 
 if TYPE_CHECKING:
     from seckill.bootstrap import Runtime
@@ -102,6 +103,13 @@ def item_create(
     hold_seconds: int | None = typer.Option(
         None, min=1, help=f"Time a buyer has to pay ({setting_default('hold_seconds')})."
     ),
+    stock_shards: int | None = typer.Option(
+        None,
+        min=1,
+        max=MAX_STOCK_SHARDS,
+        help="Redis slots the stock is split over, so several primaries sell one item "
+        f"({setting_default('stock_shards')}).",
+    ),
 ) -> None:
     """Create an item in the database and its card (warm it to put it on sale)."""
     from seckill.services.items import create_item
@@ -113,7 +121,7 @@ def item_create(
         lambda rt: create_item(
             rt.ledger, item_cache(rt), rt.settings, name=name, price_cents=price_cents,
             total=total, starts_at=start, ends_at=end, per_buyer_limit=limit,
-            hold_seconds=hold_seconds,
+            hold_seconds=hold_seconds, stock_shards=stock_shards,
         )
     )  # fmt: skip
     console.print(f"created item {item_id}")

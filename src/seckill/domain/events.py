@@ -25,6 +25,12 @@ class EventKind(StrEnum):
     PAID = "paid"
     RELEASED = "released"
     REFUND_REQUIRED = "refund_required"
+    # Stock moving between two shards of an item: no order, no change to the item's counters.
+    TRANSFERRED_OUT = "transferred_out"
+    TRANSFERRED_IN = "transferred_in"
+
+
+TRANSFERS = frozenset({EventKind.TRANSFERRED_OUT, EventKind.TRANSFERRED_IN})
 
 
 class BadEvent(ValueError):
@@ -38,10 +44,11 @@ class AheadOfStream(BadEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StockEvent:
-    event_id: str  # the stream entry id: unique within the item's stream
+    event_id: str  # the stream entry id: unique within its stream
     kind: EventKind
     item_id: int
     at_ms: int
+    shard: int = 0  # the stock shard whose stream carried it (not a field of the entry)
     order_id: int | None = None
     buyer: str | None = None
     quantity: int | None = None
@@ -49,6 +56,7 @@ class StockEvent:
     reason: ReleaseReason | None = None
     total: int | None = None  # loaded only
     request_id: str | None = None  # reserved only: the API request that made the hold
+    transfer_id: str | None = None  # transfers only, with quantity: the units moved
 
     @property
     def position(self) -> tuple[int, int]:
@@ -67,6 +75,8 @@ _REQUIRED = {
     EventKind.PAID: ("order_id", "buyer", "quantity"),
     EventKind.RELEASED: ("order_id", "buyer", "quantity", "reason"),
     EventKind.REFUND_REQUIRED: ("order_id", "buyer", "quantity", "reason"),
+    EventKind.TRANSFERRED_OUT: ("transfer_id", "quantity"),
+    EventKind.TRANSFERRED_IN: ("transfer_id", "quantity"),
 }
 
 
@@ -77,7 +87,7 @@ def _number(fields: dict[str, str], name: str, *, low: int = 0) -> int:
     return int(raw)
 
 
-def decode_event(entry_id: str, fields: dict[str, str]) -> StockEvent:
+def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> StockEvent:
     try:
         stream_position(entry_id)
     except ValueError:
@@ -97,6 +107,7 @@ def decode_event(entry_id: str, fields: dict[str, str]) -> StockEvent:
         raise BadEvent(f"unknown release reason {reason!r}") from None
     return StockEvent(
         event_id=entry_id,
+        shard=shard,
         kind=kind,
         item_id=_number(fields, "item_id", low=1),
         at_ms=_number(fields, "at_ms"),
@@ -107,4 +118,5 @@ def decode_event(entry_id: str, fields: dict[str, str]) -> StockEvent:
         reason=release_reason,
         total=_number(fields, "total") if get("total") else None,
         request_id=get("request_id") or None,
+        transfer_id=get("transfer_id") or None,
     )

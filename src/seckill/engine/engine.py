@@ -102,9 +102,11 @@ _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_
 _SHARD_FIELDS = ("shards", "item_total")  # on a shard, the item's count and total
 _SHORT = frozenset({Outcome.SOLD_OUT, Outcome.INSUFFICIENT_STOCK})
 
-# A purchase whose home shard is short takes stock from the fullest other shards, then asks its
-# home again; it does so at most this many times (others may take the units first).
-TRANSFER_ROUNDS = 3
+# A purchase whose home shard is short takes the units it needs from the fullest other shards,
+# then asks its home again. Another buyer of the same home may take them first (and bought
+# them): then it goes again, until a round finds no other shard with any, or after this many
+# rounds (a bound against livelock; each lost round was a unit sold to someone else).
+TRANSFER_ROUNDS = 16
 # A transfer still in transit this long after it was sent is delivered by the reaper: its sender
 # stopped between the two halves (usually it delivers within the same request).
 TRANSIT_GRACE_MS = 1_000
@@ -311,7 +313,7 @@ class RedisEngine:
 
         With stock shards, the buyer's home shard decides. If it is short, stock is taken from
         the other shards (see ``_take_stock``) and the home asks again, up to ``TRANSFER_ROUNDS``
-        times: ``sold_out`` then means every shard answered that it had nothing left.
+        times: ``sold_out`` then means every other shard answered that it had nothing left.
         With a rate limit, an attempt past it answers ``rate_limited`` with ``retry_after_ms``
         and changes nothing; a replay of a recorded key is answered before the limit, uncounted.
         """
@@ -544,25 +546,31 @@ class RedisEngine:
         self, item_id: int, orders: Sequence[tuple[int, str | None]]
     ) -> list[int]:
         """Append again the events that take each order from its status in SQL (None: SQL has
-        no such order) to where its hold now stands; returns the orders journaled. Unknown
-        order ids are skipped."""
+        no such order) to where its hold now stands, each on its shard; returns the orders
+        journaled. Unknown order ids are skipped."""
         for order_id, _ in orders:
             rules.check_order_id(order_id)
+        by_shard: dict[int, list[tuple[int, str | None]]] = {}
+        for order in orders:
+            by_shard.setdefault(await self.order_shard(item_id, order[0]), []).append(order)
         replayed: list[int] = []
-        for start in range(0, len(orders), _REPAIR_BATCH):
-            args = [
-                value
-                for order_id, in_sql in orders[start : start + _REPAIR_BATCH]
-                for value in (order_id, in_sql or "")
-            ]
-            reply = await self._call(ScriptName.REPLAY_HOLDS, item_id, self._now(), *args)
-            replayed += [int(order_id) for order_id in reply]
+        for shard, own in sorted(by_shard.items()):
+            for start in range(0, len(own), _REPAIR_BATCH):
+                args = [
+                    value
+                    for order_id, in_sql in own[start : start + _REPAIR_BATCH]
+                    for value in (order_id, in_sql or "")
+                ]
+                reply = await self._call(
+                    ScriptName.REPLAY_HOLDS, item_id, self._now(), *args, shard=shard
+                )
+                replayed += [int(order_id) for order_id in reply]
         return replayed
 
-    async def recount(self, item_id: int) -> Stock | None:
-        """Set the counters, buyers' units and deadline index from the holds (see recount.lua);
-        the counters as they now stand, or None for an item not loaded."""
-        reply = await self._call(ScriptName.RECOUNT, item_id)
+    async def recount(self, item_id: int, shard: int = 0) -> Stock | None:
+        """Set a shard's counters, buyers' units and deadline index from its holds (see
+        recount.lua); the counters as they now stand, or None for a shard not loaded."""
+        reply = await self._call(ScriptName.RECOUNT, item_id, shard=shard)
         if Outcome(reply[0]) is Outcome.UNKNOWN_ITEM:
             return None
         available, held, sold = (int(n) for n in reply[1:4])
@@ -621,6 +629,16 @@ class RedisEngine:
         item_total = await self._hmget(self.keys(item_id).item, ("item_total",))
         assert item_total is not None
         return combined_stock(item_total[0], [p for p in parts if p is not None])
+
+    async def available(self, item_id: int) -> int | None:
+        """Units left, for a buyer's eyes: one read per shard, no transfer records, so units in
+        transit between two shards (for one round trip) are not counted. None: not loaded."""
+        counts = await asyncio.gather(
+            *(self._read("HGET", keys.item, "available") for keys in await self.shard_keys(item_id))
+        )
+        if any(count is None for count in counts):
+            return None
+        return sum(int(count) for count in counts)
 
     async def shard_stock(self, item_id: int, shard: int) -> tuple[Stock, Transfers] | None:
         """One shard's counters and transfer records, read at once; None if it is not loaded."""

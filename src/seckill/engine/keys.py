@@ -8,6 +8,7 @@ item's own (``{item:<id>}``, also its head: the shard count lives there), shard 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -74,6 +75,15 @@ def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> Ite
 def item_pattern(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> str:
     """A SCAN pattern matching every key of one item's shard (shard 0: the item's own)."""
     return item_keys(item_id, prefix, shard).item + "*"
+
+
+_SHARD_TAG = re.compile(r":s(\d+)\}")
+
+
+def shard_of(key: str) -> int:
+    """The stock shard a key of an item belongs to (0: the item's own keys)."""
+    found = _SHARD_TAG.search(key)
+    return int(found.group(1)) if found else 0
 
 
 def items_registry(prefix: str = DEFAULT_PREFIX) -> str:

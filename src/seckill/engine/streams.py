@@ -133,9 +133,10 @@ async def count_unread(
 
 
 async def backlog(engine: RedisEngine, item_id: int) -> int:
-    """Entries of the item's stream the persister has not landed yet (pending or never read)."""
-    [stream] = await read_progress(engine.redis, [engine.keys(item_id).events])
-    return stream.of(GROUP).backlog
+    """Entries of the item's streams (one per stock shard) the persister has not landed yet
+    (pending or never read)."""
+    streams = [keys.events for keys in await engine.shard_keys(item_id)]
+    return sum(stream.of(GROUP).backlog for stream in await read_progress(engine.redis, streams))
 
 
 async def stream_drained(redis: RedisClient, stream: str) -> bool:
@@ -147,10 +148,11 @@ async def stream_drained(redis: RedisClient, stream: str) -> bool:
 async def refresh_stream_gauges(engine: RedisEngine) -> None:
     """Read length, pending and lag of every registered item's stream, every group's, into the
     stream gauges (for ``/metrics``, when scraped)."""
-    items = await engine.item_ids()
-    streams = await read_progress(engine.redis, [engine.keys(i).events for i in items])
-    for item_id, stream in zip(items, streams, strict=True):
-        item = str(item_id)
+    shards = [keys for i in await engine.item_ids() for keys in await engine.shard_keys(i)]
+    streams = await read_progress(engine.redis, [keys.events for keys in shards])
+    for keys, stream in zip(shards, streams, strict=True):
+        # An item's label; a stock shard's stream is labelled "<item>:s<shard>".
+        item = str(keys.item_id) if keys.shard == 0 else f"{keys.item_id}:s{keys.shard}"
         metrics.STREAM_LENGTH.labels(item=item).set(stream.length)
         for name, group in stream.groups.items():
             metrics.STREAM_PENDING.labels(item=item, group=name).set(group.pending)

@@ -69,6 +69,7 @@ class Finding:
     sql: str  # what SQL says
     detail: str = ""
     order_id: int | None = None
+    shard: int = 0  # the stock shard it was found on (0 for an unsharded item)
 
 
 def _later_statuses() -> dict[OrderStatus | None, frozenset[OrderStatus]]:
@@ -126,7 +127,7 @@ def find_drift(
                     f"{len(book.orders)} orders, journal up to {_show(newest_landed)}",
                 )
             )
-        return findings + _sql_findings(book) + _dead_letter_findings(dead_letters)
+        return findings + sql_findings(book) + _dead_letter_findings(dead_letters)
     position = stream_position(snapshot.last_event_id)
     if newest_landed > stream_position(redis_position_now):
         # Nothing SQL landed is "after the snapshot" then: compare with all of it, so every
@@ -143,7 +144,7 @@ def find_drift(
         )
     findings += _order_findings(snapshot, book, position)
     findings += _redis_counter_findings(snapshot)
-    findings += _sql_findings(book)
+    findings += sql_findings(book)
     findings += _total_findings(snapshot, book)
     overdue = sorted(o for o, due in snapshot.deadlines.items() if due < snapshot.now_ms - grace_ms)
     if overdue:
@@ -239,7 +240,8 @@ def _redis_counter_findings(snapshot: ItemSnapshot) -> list[Finding]:
     ]
 
 
-def _sql_findings(book: ItemBook) -> list[Finding]:
+def sql_findings(book: ItemBook) -> list[Finding]:
+    """The SQL inventory against its own orders (an item's, whatever its shards)."""
     if book.stock is None:
         return []
     units = Counter[OrderStatus]()
@@ -254,7 +256,8 @@ def _sql_findings(book: ItemBook) -> list[Finding]:
 
 
 def _total_findings(snapshot: ItemSnapshot, book: ItemBook) -> list[Finding]:
-    if snapshot.stock is None or book.stock is None or snapshot.stock.total == book.stock.total:
+    # The item's total (on a stock shard, its own counters count the shard's part).
+    if snapshot.item is None or book.stock is None or snapshot.item.total == book.stock.total:
         return []
     landed = {row.event_id for row in book.journal}
     reload_in_flight = any(
@@ -267,7 +270,7 @@ def _total_findings(snapshot: ItemSnapshot, book: ItemBook) -> list[Finding]:
     )
     if reload_in_flight or reload_after:
         return []
-    return [Finding(Drift.TOTAL_DIFFERS, "total", str(snapshot.stock.total), str(book.stock.total))]
+    return [Finding(Drift.TOTAL_DIFFERS, "total", str(snapshot.item.total), str(book.stock.total))]
 
 
 def _dead_letter_findings(count: int) -> list[Finding]:

@@ -31,9 +31,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from seckill.domain.events import stream_position
+from seckill.domain.holds import Hold
 from seckill.domain.items import Stock
-from seckill.engine.engine import ItemSnapshot, RedisEngine
-from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold
+from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
+from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold, sql_findings
 from seckill.reconcile.recovery import recover_item
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
@@ -61,11 +62,27 @@ class ItemReport:
 
 @dataclass(frozen=True, slots=True)
 class Comparison:
-    """One look at an item: both sides as read, and what disagrees."""
+    """One look at an item: both sides as read, and what disagrees. Redis is read as one
+    snapshot per stock shard (one for an unsharded item), shard 0 first."""
 
-    snapshot: ItemSnapshot
+    snapshots: list[ItemSnapshot]
     book: ItemBook
     findings: list[Finding]
+
+    @property
+    def redis_stock(self) -> Stock | None:
+        """The item's counters in Redis: across its shards, put on one cut."""
+        if len(self.snapshots) == 1 or any(s.item is None for s in self.snapshots):
+            return self.snapshots[0].stock
+        item = self.snapshots[0].item
+        assert item is not None
+        return combined_stock(
+            item.total, [(s.stock, s.transfers) for s in self.snapshots if s.stock]
+        )
+
+    @property
+    def holds(self) -> dict[int, Hold]:
+        return {order_id: h for s in self.snapshots for order_id, h in s.holds.items()}
 
 
 class Reconciler:
@@ -81,26 +98,36 @@ class Reconciler:
         return sorted(loaded | set(await self._ledger.unfinished_item_ids()))
 
     async def compare(self, item_id: int) -> Comparison:
-        """Compare one item now: the Redis snapshot first, then the SQL book (see ``drift``)."""
-        snapshot = await self._engine.snapshot(item_id)
+        """Compare one item now: the Redis snapshots first, then the SQL book (see ``drift``).
+        With stock shards, each shard is compared with the part of the book its stream wrote;
+        the SQL inventory, the item's, once against all of its orders."""
+        shards = await self._engine.shard_count(item_id)
+        snapshots = [await self._engine.snapshot(item_id, shard) for shard in range(shards)]
         book = await self._ledger.book(item_id)
-        stream = self._engine.keys(item_id).events
-        findings = find_drift(
-            snapshot,
-            book,
-            redis_position_now=await self._engine.last_event_id(item_id),
-            dead_letters=await self._ledger.dead_letter_count(stream),
-            grace_ms=self._grace_ms,
-        )
-        return Comparison(snapshot, book, findings)
+        findings: list[Finding] = []
+        for snapshot in snapshots:
+            shard = snapshot.shard
+            found = find_drift(
+                snapshot,
+                book if shards == 1 else book.for_shard(shard, shards),
+                redis_position_now=await self._engine.last_event_id(item_id, shard),
+                dead_letters=await self._ledger.dead_letter_count(
+                    self._engine.keys(item_id, shard).events
+                ),
+                grace_ms=self._grace_ms,
+            )
+            findings += [dataclasses.replace(f, shard=shard) for f in found]
+        if shards > 1:
+            findings += sql_findings(book)
+        return Comparison(snapshots, book, findings)
 
     async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
         compared = await self.compare(item_id)
         found = compared.findings
         report = ItemReport(
             item_id=item_id,
-            position=compared.snapshot.last_event_id,
-            redis_stock=compared.snapshot.stock,
+            position=compared.snapshots[0].last_event_id,
+            redis_stock=compared.redis_stock,
             sql_stock=compared.book.stock,
             found=found,
             left=found,
@@ -151,7 +178,7 @@ class Reconciler:
             if f.kind in REPLAYED and f.order_id is not None
         ]
         if replay:
-            replayed = await self._engine.replay_holds(item_id, replay)
+            replayed = await self._engine.replay_holds(item_id, replay)  # each on its shard
             by_order = {f.order_id: f for f in found if f.kind in REPLAYED}
             for order_id in replayed:
                 finding = by_order[order_id]
@@ -161,11 +188,11 @@ class Reconciler:
                     "journaled its events again (Redis wins: every event starts there)",
                     f"Redis {finding.redis}; SQL {finding.sql}",
                 )
-        if Drift.REDIS_COUNTERS in kinds:
-            stock = await self._engine.recount(item_id)
+        for shard in sorted({f.shard for f in found if f.kind is Drift.REDIS_COUNTERS}):
+            stock = await self._engine.recount(item_id, shard)
             await journal(
                 Drift.REDIS_COUNTERS,
-                "counters",
+                "counters" if shard == 0 else f"counters of shard {shard}",
                 "recounted from the holds (the holds win)",
                 f"now {stock}",
             )
@@ -187,8 +214,9 @@ class Reconciler:
             )
         if Drift.OVERDUE_HOLDS in kinds:
             released: list[int] = []
-            while batch := await self._engine.expire_due(item_id, limit=500):
-                released += batch
+            for shard in sorted({f.shard for f in found if f.kind is Drift.OVERDUE_HOLDS}):
+                while batch := await self._engine.expire_due(item_id, limit=500, shard=shard):
+                    released += batch
             await journal(
                 Drift.OVERDUE_HOLDS,
                 f"{len(released)} holds",

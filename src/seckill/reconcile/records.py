@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from seckill.domain.items import Stock
-from seckill.engine.audit import Check, audit_snapshot, journal_check
+from seckill.engine.audit import Check, audit_shards, audit_snapshot, journal_check
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import Comparison, Reconciler
@@ -31,7 +31,13 @@ async def audit_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> li
     """Every check on one item from one look: its invariants in Redis (the stream's journal
     left to SQL's, as a persister trims it), then Redis against SQL."""
     compared = await _compare(engine, ledger, item_id)
-    return audit_snapshot(compared.snapshot, journal=False) + _agreement(compared)
+    snapshots = compared.snapshots
+    audited = (
+        audit_snapshot(snapshots[0], journal=False)
+        if len(snapshots) == 1
+        else audit_shards(snapshots, journal=False)
+    )
+    return audited + _agreement(compared)
 
 
 async def _compare(engine: RedisEngine, ledger: Ledger, item_id: int) -> Comparison:
@@ -40,22 +46,22 @@ async def _compare(engine: RedisEngine, ledger: Ledger, item_id: int) -> Compari
 
 
 def _agreement(compared: Comparison) -> list[Check]:
-    snapshot, book, findings = compared.snapshot, compared.book, compared.findings
+    book, findings, holds = compared.book, compared.findings, compared.holds
     orders = [f for f in findings if f.kind in ORDER_DRIFT]
     shown = "; ".join(f"{f.kind} {f.subject}" for f in orders[:3])
     return [
         Check(
             "every order in SQL",
             not orders,
-            f"{len(book.orders)} orders for {len(snapshot.holds)} holds"
+            f"{len(book.orders)} orders for {len(holds)} holds"
             + (f"; {len(orders)} disagree: {shown}" if orders else ""),
         ),
         Check(
             "SQL stock == Redis stock",
-            book.stock == snapshot.stock,
-            _stocks(book.stock, snapshot.stock),
+            book.stock == compared.redis_stock,
+            _stocks(book.stock, compared.redis_stock),
         ),
-        journal_check("SQL", Counter(str(r.event) for r in book.journal), snapshot.holds.values()),
+        journal_check("SQL", Counter(str(r.event) for r in book.journal), holds.values()),
     ]
 
 

@@ -9,6 +9,9 @@ deadlines and buyers' units all come from the merged holds.
 What SQL never had is not rebuilt: idempotency records (a retried key after a loss is decided
 afresh, within the per-buyer limit), rate windows and payment ids already applied (a repeated
 notice for a paid order still finds it paid).
+
+Not for an item with stock shards yet: each shard's total depends on the transfers between them,
+which a partial loss can split (see docs/stock-shards.md). ``NotRecoverable`` says so.
 """
 
 from __future__ import annotations
@@ -20,11 +23,20 @@ from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
 
 
+class NotRecoverable(Exception):
+    """The item cannot be rebuilt from SQL by ``recover`` (one with stock shards)."""
+
+
 async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recovery:
     """Rebuild ``item_id`` in Redis from its SQL record, merged with what Redis still holds."""
     book = await ledger.book(item_id)
     if book.item is None:
         raise UnknownItem(f"item {item_id} is not in the database")
+    if book.item.stock_shards > 1:
+        raise NotRecoverable(
+            f"item {item_id} has {book.item.stock_shards} stock shards: rebuilding it from SQL "
+            "is not supported; the reconciler reports its drift, and its Redis must be restored"
+        )
     orders = [
         RecoveredOrder(
             str(o.order_id),

@@ -7,6 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from seckill.domain.events import BadEvent, decode_event
+from seckill.engine.keys import shard_of
 from seckill.store.ledger import Ledger
 from seckill.store.records import DeadLetterRecord
 
@@ -53,7 +54,8 @@ async def replay_dead_letters(ledger: Ledger, ids: Collection[int] = ()) -> Repl
         if ids and letter.id not in ids:
             continue
         try:
-            await ledger.apply([decode_event(letter.entry_id, letter.payload)])
+            event = decode_event(letter.entry_id, letter.payload, shard=shard_of(letter.stream))
+            await ledger.apply([event])
         except BadEvent as exc:
             letters.append(LetterReplay(letter.id, refused=str(exc)))
             continue

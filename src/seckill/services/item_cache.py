@@ -49,7 +49,7 @@ from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
 
-CARD_VERSION = 1
+CARD_VERSION = 2  # 2: with stock_shards
 _MEMORY_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="hit")
 _MEMORY_MISS = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="miss")
 _REDIS_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="redis", result="hit")
@@ -119,6 +119,7 @@ def encode_card(record: ItemRecord | None, *, grace_ms: int) -> str:
                 "ends_at": record.ends_at.isoformat(),
                 "per_buyer_limit": record.per_buyer_limit,
                 "hold_seconds": record.hold_seconds,
+                "stock_shards": record.stock_shards,
             },
         },
         separators=(",", ":"),
@@ -144,6 +145,7 @@ def _decode_card(raw: str, pttl: int) -> _Card | None:
             ends_at=datetime.fromisoformat(item["ends_at"]),
             per_buyer_limit=int(item["per_buyer_limit"]),
             hold_seconds=int(item["hold_seconds"]),
+            stock_shards=int(item["stock_shards"]),
         )
         grace_ms = int(body["grace_ms"])
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -254,8 +256,7 @@ class ItemCache:
         return await self._stock.read(item_id)
 
     async def _available(self, item_id: int) -> int | None:
-        stock = await self._engine.stock(item_id)
-        return None if stock is None else stock.available
+        return await self._engine.available(item_id)
 
     def _landed(self, item_id: int, load: asyncio.Task[ItemRecord | None]) -> None:
         if self._loads.get(item_id) is load:

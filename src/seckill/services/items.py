@@ -30,16 +30,20 @@ async def create_item(
     ends_at: datetime,
     per_buyer_limit: int | None = None,
     hold_seconds: int | None = None,
+    stock_shards: int | None = None,
 ) -> int:
     """Put an item in the record (SQL) and write its card; it goes on sale once warmed.
 
-    A per-buyer limit or hold time left out is the settings' (SECKILL_PER_BUYER_LIMIT,
-    SECKILL_HOLD_SECONDS). Returns the new item's id.
+    A per-buyer limit, hold time or stock shard count left out is the settings'
+    (SECKILL_PER_BUYER_LIMIT, SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS). Returns the new
+    item's id.
     """
     if per_buyer_limit is None:
         per_buyer_limit = settings.per_buyer_limit
     if hold_seconds is None:
         hold_seconds = settings.hold_seconds
+    if stock_shards is None:
+        stock_shards = settings.stock_shards
     item_id = await ledger.create_item(
         NewItem(
             name=name,
@@ -49,6 +53,7 @@ async def create_item(
             ends_at=ends_at,
             per_buyer_limit=per_buyer_limit,
             hold_seconds=hold_seconds,
+            stock_shards=stock_shards,
         )
     )
     # Its card is written now: the id may have been cached as absent a moment ago.
@@ -150,6 +155,7 @@ class ItemCounters:
     redis: Stock | None
     sql: Stock | None
     backlog: int  # stream entries not yet acknowledged by the persister
+    shards: list[Stock | None]  # each stock shard's own counters in Redis (one: the item's)
 
 
 async def item_counters(engine: RedisEngine, ledger: Ledger, item_id: int) -> ItemCounters:
@@ -157,4 +163,11 @@ async def item_counters(engine: RedisEngine, ledger: Ledger, item_id: int) -> It
     redis = await engine.stock(item_id)
     if sql is None and redis is None:
         raise UnknownItem(f"no item {item_id}")
-    return ItemCounters(item_id, redis, sql, await backlog(engine, item_id))
+    shards = [
+        None if part is None else part[0]
+        for part in [
+            await engine.shard_stock(item_id, shard)
+            for shard in range(await engine.shard_count(item_id))
+        ]
+    ]
+    return ItemCounters(item_id, redis, sql, await backlog(engine, item_id), shards)

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent
+from seckill.domain.events import TRANSFERS, AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.domain.orders import NO_MOVES, RELEASED_STATUSES, Moves, OrderStatus, transition
 from seckill.domain.times import ms_to_datetime
 from seckill.store.tables import Inventory, Item, Order, StockFlow, UTCDateTime
@@ -33,7 +33,7 @@ async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
     that changed, an item SQL does not know), and lets database errors through: nothing is
     written unless everything is.
     """
-    unique = list({(e.item_id, e.event_id): e for e in events}.values())
+    unique = list({(e.item_id, e.shard, e.event_id): e for e in events}.values())
     async with engine.begin() as conn:
         orders = await _lock_orders(conn, {e.order_id for e in unique if e.order_id})
         # An event commits with its order's row, so only events of orders already on record (and
@@ -41,12 +41,12 @@ async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
         # journal look-up.
         maybe_seen = [e for e in unique if e.order_id is None or e.order_id in orders]
         seen = await _seen(conn, maybe_seen)
-        fresh = [e for e in unique if (e.item_id, e.event_id) not in seen]
+        fresh = [e for e in unique if (e.item_id, e.shard, e.event_id) not in seen]
         if not fresh:
             return 0
         prices = await _prices(conn, {e.item_id for e in fresh})
         plan = _Plan(orders, prices)
-        for event in sorted(fresh, key=lambda e: (e.item_id, e.position)):
+        for event in sorted(fresh, key=lambda e: (e.item_id, e.shard, e.position)):
             plan.add(event)
         await plan.write(conn)
         return len(fresh)
@@ -66,17 +66,17 @@ class _OrderState:
     item_id: int
 
 
-async def _seen(conn: AsyncConnection, events: Sequence[StockEvent]) -> set[tuple[int, str]]:
+async def _seen(conn: AsyncConnection, events: Sequence[StockEvent]) -> set[tuple[int, int, str]]:
     if not events:
         return set()
     rows = await conn.execute(
-        select(StockFlow.item_id, StockFlow.event_id).where(
-            tuple_(StockFlow.item_id, StockFlow.event_id).in_(
-                [(e.item_id, e.event_id) for e in events]
+        select(StockFlow.item_id, StockFlow.shard, StockFlow.event_id).where(
+            tuple_(StockFlow.item_id, StockFlow.shard, StockFlow.event_id).in_(
+                [(e.item_id, e.shard, e.event_id) for e in events]
             )
         )
     )
-    return {(r.item_id, r.event_id) for r in rows}
+    return {(r.item_id, r.shard, r.event_id) for r in rows}
 
 
 async def _lock_orders(conn: AsyncConnection, ids: set[int]) -> dict[int, _OrderState]:
@@ -116,10 +116,11 @@ class _Plan:
     def add(self, event: StockEvent) -> None:
         moves = NO_MOVES
         if event.kind is EventKind.LOADED:
+            # Every shard journals its own load; the item's total is the head's (shard 0).
             newest = self.loads.get(event.item_id)
-            if newest is None or newest.position < event.position:
+            if event.shard == 0 and (newest is None or newest.position < event.position):
                 self.loads[event.item_id] = event
-        else:
+        elif event.kind not in TRANSFERS:  # units moving between shards stay the item's
             moves = self._move_order(event)
         assert event.quantity is not None or event.kind is EventKind.LOADED
         units = event.quantity or 0
@@ -129,11 +130,13 @@ class _Plan:
         self.journal.append(
             {
                 "item_id": event.item_id,
+                "shard": event.shard,
                 "event_id": event.event_id,
                 "event": event.kind.value,
                 "order_id": event.order_id,
                 "quantity": event.quantity,
                 "reason": event.reason.value if event.reason else None,
+                "transfer_id": event.transfer_id,
                 "at": ms_to_datetime(event.at_ms),
                 "available_delta": delta[0],
                 "held_delta": delta[1],

@@ -112,7 +112,11 @@ class Ledger:
             orders = await conn.execute(select(Order).where(Order.item_id == item_id))
             journal = await conn.execute(
                 select(
-                    StockFlow.event_id, StockFlow.event, StockFlow.order_id, StockFlow.quantity
+                    StockFlow.event_id,
+                    StockFlow.event,
+                    StockFlow.order_id,
+                    StockFlow.quantity,
+                    StockFlow.shard,
                 ).where(StockFlow.item_id == item_id)
             )
             book = ItemBook(
@@ -120,7 +124,7 @@ class Ledger:
                 stock=stock,
                 orders={row.id: _landed_order(row) for row in orders},
                 journal=[
-                    JournalRow(r.event_id, EventKind(r.event), r.order_id, r.quantity)
+                    JournalRow(r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard)
                     for r in journal
                 ],
             )

@@ -8,6 +8,7 @@ from datetime import datetime
 from seckill.domain.events import EventKind
 from seckill.domain.items import ItemRecord, Stock
 from seckill.domain.orders import OrderStatus
+from seckill.domain.shards import home_shard
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +57,7 @@ class JournalRow:
     event: EventKind
     order_id: int | None
     quantity: int | None
+    shard: int = 0  # the stock shard whose stream carried it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,6 +68,20 @@ class ItemBook:
     stock: Stock | None
     orders: dict[int, LandedOrder]
     journal: list[JournalRow]
+
+    def for_shard(self, shard: int, shards: int) -> ItemBook:
+        """The part of the record one stock shard's stream wrote: its buyers' orders and its
+        events. No inventory: that is the item's, checked once (``stock`` None)."""
+        return ItemBook(
+            item=self.item,
+            stock=None,
+            orders={
+                order_id: order
+                for order_id, order in self.orders.items()
+                if home_shard(order.buyer, shards) == shard
+            },
+            journal=[row for row in self.journal if row.shard == shard],
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -76,9 +76,11 @@ class Item(Base):
     ends_at: Mapped[datetime] = mapped_column(UTCDateTime)
     per_buyer_limit: Mapped[int] = mapped_column(Integer)
     hold_seconds: Mapped[int] = mapped_column(Integer)
+    stock_shards: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
     __table_args__ = (
+        CheckConstraint("stock_shards >= 1 AND stock_shards <= 64", name="stock_shards"),
         CheckConstraint("price_cents >= 0", name="price"),
         CheckConstraint("total >= 0", name="total"),
         CheckConstraint("per_buyer_limit >= 1", name="per_buyer_limit"),
@@ -137,24 +139,28 @@ class Order(Base):
 
 
 class StockFlow(Base):
-    """The journal: one row per stream event, with the counter moves it caused."""
+    """The journal: one row per stream event, with the counter moves it caused. An event is
+    named by its item, the stock shard whose stream carried it (0 for an unsharded item) and its
+    entry id there."""
 
     __tablename__ = "stock_flow"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     item_id: Mapped[int] = mapped_column(BigInteger)
+    shard: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     event_id: Mapped[str] = mapped_column(String(41))
     event: Mapped[str] = mapped_column(String(16))
     order_id: Mapped[int | None] = mapped_column(BigInteger)
     quantity: Mapped[int | None] = mapped_column(Integer)
     reason: Mapped[str | None] = mapped_column(String(16))
+    transfer_id: Mapped[str | None] = mapped_column(String(64))  # transferred_out / _in only
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     available_delta: Mapped[int] = mapped_column(BigInteger)
     held_delta: Mapped[int] = mapped_column(BigInteger)
     sold_delta: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (
-        UniqueConstraint("item_id", "event_id"),
+        UniqueConstraint("item_id", "shard", "event_id"),
         Index(None, "order_id"),
     )
 

@@ -52,7 +52,7 @@ from seckill.domain.events import (
     stream_position,
 )
 from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
-from seckill.engine.engine import registered_items
+from seckill.engine.engine import ShardCounts, registered_items
 from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
@@ -115,7 +115,8 @@ class Persister:
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.config = config or PersisterConfig()
         self._stop = stop or asyncio.Event()
-        self._streams: dict[str, ItemKeys] = {}
+        self._streams: dict[str, ItemKeys] = {}  # every item's shard streams, found by _discover
+        self._shard_counts = ShardCounts(redis, prefix)
         self._full: set[str] = set()  # streams that filled their share of the last pass
         self._owners: dict[str, str] = {}  # on a cluster: the node serving each stream
         self._next_discover = 0.0
@@ -168,14 +169,15 @@ class Persister:
 
     async def _discover(self) -> None:
         for item_id in await registered_items(self._redis, self._prefix):
-            keys = item_keys(item_id, self._prefix)
-            if keys.events not in self._streams:
-                try:
-                    await self._redis.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
-                self._streams[keys.events] = keys
+            for shard in range(await self._shard_counts.of(item_id)):
+                keys = item_keys(item_id, self._prefix, shard)
+                if keys.events not in self._streams:
+                    try:
+                        await self._redis.xgroup_create(keys.events, GROUP, id="0", mkstream=True)
+                    except ResponseError as exc:
+                        if "BUSYGROUP" not in str(exc):
+                            raise
+                    self._streams[keys.events] = keys
 
     async def _read(self, *, block: bool) -> list[Entry]:
         if self._own_pending_first:
@@ -289,7 +291,9 @@ class Persister:
         decoded: list[tuple[Entry, StockEvent]] = []
         for entry in entries:
             try:
-                decoded.append((entry, decode_event(entry.entry_id, entry.fields)))
+                decoded.append(
+                    (entry, decode_event(entry.entry_id, entry.fields, shard=entry.keys.shard))
+                )
             except BadEvent as exc:
                 await self._failed(entry, str(exc))
         landed = await self._apply(decoded)

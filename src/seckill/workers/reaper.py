@@ -29,7 +29,7 @@ class Reaper:
         self.released = 0
 
     async def run_once(self) -> int:
-        """Release every hold due now, in every item; returns how many."""
+        """Release every hold due now, in every item and shard; returns how many."""
         released = 0
         item_ids = await self._engine.item_ids()
         unanswered: dict[int, Exception] = {}
@@ -49,9 +49,16 @@ class Reaper:
         return released
 
     async def _release_due(self, item_id: int) -> int:
+        """Every shard's due holds; on a sharded item, also the stock transfers left in
+        transit by a sender that stopped between the two halves."""
         released = 0
-        while True:
-            due = await self._engine.expire_due(item_id, limit=self._batch)
-            released += len(due)
-            if len(due) < self._batch:
-                return released
+        shards = await self._engine.shard_count(item_id)
+        for shard in range(shards):
+            while True:
+                due = await self._engine.expire_due(item_id, limit=self._batch, shard=shard)
+                released += len(due)
+                if len(due) < self._batch:
+                    break
+            if shards > 1:
+                await self._engine.deliver_in_transit(item_id, shard)
+        return released

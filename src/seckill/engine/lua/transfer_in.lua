@@ -33,5 +33,5 @@ redis.call("HINCRBY", K.item, "total", units)
 redis.call("HINCRBY", K.item, "available", units)
 redis.call("HSET", KEYS[6], "in:" .. transfer_id, cjson.encode({ from = from, units = units, at_ms = now }))
 redis.call("XADD", K.events, "*", "event", "transferred_in", "item_id", item_id,
-  "transfer_id", transfer_id, "shard", from, "quantity", units, "at_ms", now)
+  "transfer_id", transfer_id, "from_shard", from, "quantity", units, "at_ms", now)
 return { "transferred" }

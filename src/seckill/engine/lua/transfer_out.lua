@@ -9,8 +9,8 @@
 --       6 transfers  7 in-transit  (this shard's)
 -- ARGV  1 item id  2 transfer id  3 receiving shard  4 units needed  5 now (ms; "" = Redis TIME)
 --
--- Units given: all that is available when that is at most the need, else the larger of the
--- need and half of what is available (the rest stays for this shard's own buyers).
+-- Units given: the need, or all that is available if that is less. Never more: every unit that
+-- moves has a buyer on its way to reserve it, so none is left on a shard where nobody asks.
 --
 -- Replies:
 --   transferred  {transferred, units}: units left this shard (total and available -units), the
@@ -38,13 +38,12 @@ local available = redis.call("HGET", K.item, "available")
 if not available then return { "unknown_item" } end
 available = tonumber(available)
 if available <= 0 then return { "sold_out" } end
-local units = available
-if available > need then units = math.max(need, math.ceil(available / 2)) end
+local units = math.min(available, need)
 
 redis.call("HINCRBY", K.item, "total", -units)
 redis.call("HINCRBY", K.item, "available", -units)
 redis.call("HSET", KEYS[6], "out:" .. transfer_id, cjson.encode({ to = to, units = units, at_ms = now }))
 redis.call("ZADD", KEYS[7], now, transfer_id)
 redis.call("XADD", K.events, "*", "event", "transferred_out", "item_id", item_id,
-  "transfer_id", transfer_id, "shard", to, "quantity", units, "at_ms", now)
+  "transfer_id", transfer_id, "to_shard", to, "quantity", units, "at_ms", now)
 return { "transferred", units }
