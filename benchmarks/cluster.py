@@ -16,10 +16,16 @@ does (``bootstrap.open_runtime``: the engine, its pipeliner, per node on a clust
 items, for ``--duration`` seconds after ``--warm-up``. No HTTP: this measures what the engine
 and Redis cost, not the web stack (``benchmarks/http.py`` measures that).
 
+Then one hot item on the cluster, twice: with its stock in one shard (one master decides every
+purchase) and over ``--stock-shards`` shards (6; an item id whose shards fall evenly on the
+masters), every reservation a new buyer, so each is decided on the buyer's home shard.
+
 Reported per target: reservations/s, p50/p99 per call (ms), CPU seconds per wall second of the
-drivers together and of each redis-server (from /proc), and for each node the reservations it
-decided and its Redis CPU µs per reservation. ``ratio`` is the cluster's reservations/s over the
-one Redis's. Afterwards every item is audited (available + held + sold == total, held equal to
+drivers together and of each redis-server (from /proc), each node's share of the Redis CPU and,
+with several items, the reservations it decided and its Redis CPU µs per reservation. ``ratio``
+is the cluster's reservations/s over the one Redis's; ``hottest_share`` of the hot item, the
+busiest master's part of all Redis CPU (1.0 in one shard, about 1/3 over three masters).
+Afterwards every item is audited (available + held + sold == total, held equal to
 the reservations answered); a failed audit exits 1.
 
 How to read it: on a machine with few cores the drivers (Python) saturate the CPUs long before
@@ -67,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--items", type=int, default=3)
     parser.add_argument("--masters", type=int, default=3)
     parser.add_argument("--replicas", type=int, default=0)
+    parser.add_argument("--stock-shards", type=int, default=6, help="the hot item's shards")
     parser.add_argument("--redis-server", help="redis-server binary (default: PATH, else bundled)")
     return parser.parse_args(argv)
 
@@ -120,6 +127,24 @@ async def spread_items(url: str, cluster_mode: bool, count: int) -> dict[int, st
     return {turns[n % masters][1][n // masters]: turns[n % masters][0] for n in range(count)}
 
 
+async def evenly_sharded_item(url: str, shards: int) -> int:
+    """The first item id whose ``shards`` stock shards fall as evenly as can be on the masters."""
+    client = RedisCluster.from_url(url)
+    try:
+        await client.initialize()
+        masters = len(client.get_primaries())
+        for item_id in range(1, 100_000):
+            nodes = Counter(
+                client.get_node_from_key(item_keys(item_id, shard=s).item).name  # type: ignore[union-attr]
+                for s in range(shards)
+            )
+            if len(nodes) == min(masters, shards) and max(nodes.values()) == -(-shards // masters):
+                return item_id
+    finally:
+        await client.aclose()
+    raise RuntimeError(f"no item id spreads {shards} shards evenly")
+
+
 # -- the drivers ---------------------------------------------------------------------------------
 
 
@@ -130,13 +155,16 @@ def settings_for(url: str, cluster_mode: bool, data_dir: Path, worker_id: int) -
     )  # fmt: skip
 
 
-async def load_items(url: str, cluster_mode: bool, data_dir: Path, item_ids: list[int]) -> None:
+async def load_items(
+    url: str, cluster_mode: bool, data_dir: Path, item_ids: list[int], stock_shards: int
+) -> None:
     now = int(time.time() * 1000)
     async with open_runtime(settings_for(url, cluster_mode, data_dir, 0)) as runtime:
         for item_id in item_ids:
             item = SaleItem(
                 item_id=item_id, total=TOTAL, starts_at_ms=now - 60_000,
                 ends_at_ms=now + 3_600_000, per_buyer_limit=1, hold_ms=3_600_000,
+                stock_shards=stock_shards,
             )  # fmt: skip
             await runtime.engine.load_item(item)
 
@@ -192,12 +220,20 @@ def drive_in_process(*options: Any) -> dict[str, Any]:
     return asyncio.run(drive(*options))
 
 
-def measure(name: str, servers: Any, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    data_dir = workdir / name.replace(" ", "-")
+def measure(
+    name: str, servers: Any, args: argparse.Namespace, workdir: Path, *, hot_shards: int = 0
+) -> dict[str, Any]:
+    """One target: ``args.items`` items in one shard each, or (``hot_shards``) one item over
+    that many shards."""
+    slug = name.replace(" ", "-").replace(",", "")
+    data_dir = workdir / slug
     data_dir.mkdir()
-    with servers(args, workdir / f"{name.replace(' ', '-')}-redis") as (url, cluster_mode, pids):
-        items = asyncio.run(spread_items(url, cluster_mode, args.items))
-        asyncio.run(load_items(url, cluster_mode, data_dir, list(items)))
+    with servers(args, workdir / f"{slug}-redis") as (url, cluster_mode, pids):
+        if hot_shards:
+            items = {asyncio.run(evenly_sharded_item(url, hot_shards)): ""}
+        else:
+            items = asyncio.run(spread_items(url, cluster_mode, args.items))
+        asyncio.run(load_items(url, cluster_mode, data_dir, list(items), max(hot_shards, 1)))
         start_at = time.time() + 1.5  # every driver has connected by then
         options = [
             (url, cluster_mode, data_dir, worker_id, list(items), args.concurrency, start_at,
@@ -218,12 +254,15 @@ def measure(name: str, servers: Any, args: argparse.Namespace, workdir: Path) ->
         reserved.update({int(k): v for k, v in part["reserved"].items()})
     total = sum(reserved.values())
     per_node: Counter[str] = Counter()
-    for item_id, count in reserved.items():
-        per_node[items[item_id] or next(iter(pids))] += count
+    if not hot_shards:  # a hot item's reservations fall on its shards: not counted per node
+        for item_id, count in reserved.items():
+            per_node[items[item_id] or next(iter(pids))] += count
+    all_cpu = sum(redis_cpu.values()) or 1.0
     nodes = {
         node: {
-            "reservations": per_node[node],
+            "reservations": per_node[node] if per_node else None,
             "cpu_s_per_s": round(redis_cpu[node] / args.duration, 3),
+            "cpu_share": round(redis_cpu[node] / all_cpu, 3),
             "us_per_reservation": round(redis_cpu[node] / per_node[node] * 1e6, 1)
             if per_node[node] else None,
         }
@@ -236,16 +275,27 @@ def measure(name: str, servers: Any, args: argparse.Namespace, workdir: Path) ->
         "drivers_cpu_s_per_s": round(sum(p["cpu"] for p in found) / args.duration, 2),
         "refused": sum((Counter(p["other"]) for p in found), Counter()),
         "nodes": nodes,
+        "hottest_share": max(n["cpu_share"] for n in nodes.values()),
+        "redis_cpu_us_per_reservation": round(all_cpu / total * 1e6, 1) if total else None,
         "audit": audit,
     }
     print(f"\n{name}: {result['reservations_per_s']:,.0f} reservations/s, p50 "
           f"{result['p50_ms']} ms, p99 {result['p99_ms']} ms, drivers "
           f"{result['drivers_cpu_s_per_s']} CPU s/s")  # fmt: skip
     for node, figures in nodes.items():
-        print(
-            f"  {node}: {figures['reservations']:,} reservations, Redis "
-            f"{figures['cpu_s_per_s']} CPU s/s, {figures['us_per_reservation']} µs each"
+        decided = (
+            "" if figures["reservations"] is None else f"{figures['reservations']:,} reservations, "
         )
+        each = (
+            ""
+            if figures["us_per_reservation"] is None
+            else f", {figures['us_per_reservation']} µs each"
+        )
+        print(
+            f"  {node}: {decided}Redis {figures['cpu_s_per_s']} CPU s/s "
+            f"({figures['cpu_share']:.0%} of all Redis CPU){each}"
+        )
+    print(f"  Redis CPU per reservation, all nodes: {result['redis_cpu_us_per_reservation']} µs")
     print(f"  audit: {'passed' if audit['passed'] else 'FAILED'} {audit['problems']}")
     return result
 
@@ -279,13 +329,24 @@ def main(argv: list[str] | None = None) -> None:
     )
     with tempfile.TemporaryDirectory(prefix="seckill-cluster-") as tmp:
         workdir = Path(tmp)
+        hot = f"cluster, one item, {args.stock_shards} shards"
         results = {
             "one redis": measure("one redis", one_redis, args, workdir),
             "cluster": measure("cluster", cluster, args, workdir),
+            "cluster, one item, 1 shard": measure(
+                "cluster, one item, 1 shard", cluster, args, workdir, hot_shards=1
+            ),
+            hot: measure(hot, cluster, args, workdir, hot_shards=args.stock_shards),
         }
     single = results["one redis"]["reservations_per_s"]
     ratio = round(results["cluster"]["reservations_per_s"] / single, 3) if single else None
     print(f"\nratio (cluster / one redis): {ratio}")
+    one_shard = results["cluster, one item, 1 shard"]
+    print(
+        f"one hot item: {one_shard['reservations_per_s']:,.0f}/s in 1 shard (hottest master "
+        f"{one_shard['hottest_share']:.0%} of Redis CPU), {results[hot]['reservations_per_s']:,.0f}"
+        f"/s over {args.stock_shards} (hottest master {results[hot]['hottest_share']:.0%})"
+    )
     print(json.dumps({**results, "ratio": ratio, "args": vars(args)}))
     if not all(r["audit"]["passed"] for r in results.values()):
         sys.exit(1)
