@@ -64,13 +64,14 @@ async def sale(engine: RedisEngine, ledger: Ledger, redis: Redis) -> Sale:
 
 
 async def drain(sale: Sale, *persisters: Persister, limit_s: float = 60) -> None:
-    """Run the persisters until the item's stream is fully landed and acknowledged."""
+    """Run the persisters until the item's streams (one per stock shard) are fully landed and
+    acknowledged."""
     persisters = persisters or (sale.persister(),)
-    stream = sale.engine.keys(sale.item_id).events
+    streams = [keys.events for keys in await sale.engine.shard_keys(sale.item_id)]
     async with asyncio.timeout(limit_s):
         while True:
             await asyncio.gather(*(p.run_once() for p in persisters))
-            if await stream_drained(sale.redis, stream):
+            if all([await stream_drained(sale.redis, stream) for stream in streams]):
                 return
 
 

@@ -4,20 +4,26 @@ invariants hold again; a healthy sale under load shows none."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
+from redis.asyncio import Redis
 from sqlalchemy import delete, update
 
 from seckill.domain.events import ReleaseReason
+from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine.audit import audit_item
+from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import Reconciler
-from seckill.reconcile.recovery import recover_item
+from seckill.reconcile.recovery import NotRecoverable, recover_item
 from seckill.services.items import warm_item
+from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Order
 from seckill.workers.reconciler import ReconcilerWorker
+from tests.conftest import new_item
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis, drain
 from tests.integration.test_pipeline import sale as sale  # the fixture: an item on sale
 
@@ -235,3 +241,30 @@ async def test_only_the_lock_holder_reconciles(sale: Sale) -> None:
     assert sorted(w.passes for w in workers) == [0, 0, 3]
     busy = next(w for w in workers if w.passes)
     assert [r.item_id for r in busy.reports] == [sale.item_id]
+
+
+async def test_a_sharded_item_is_reconciled_shard_by_shard(
+    engine: RedisEngine, ledger: Ledger, redis: Redis
+) -> None:
+    """Stock over four shards, transfers between them: a healthy sale shows no drift; a counter
+    bumped on one shard is found on that shard and recounted there; rebuilding from SQL is
+    refused with the reason."""
+    item_id = await ledger.create_item(
+        dataclasses.replace(new_item(total=16, limit=2), stock_shards=4)
+    )
+    await warm_item(engine, ledger, item_id)
+    sale = Sale(engine, ledger, redis, item_id, OrderIds(6))
+    ids = [await sale.buy(f"b{n}", 2) for n in range(6)]  # homes run short: transfers
+    assert all(ids)
+    await drain(sale)
+    await assert_invariants(sale)
+
+    bumped = await engine.order_shard(item_id, ids[0])  # type: ignore[arg-type]
+    await redis.hincrby(engine.keys(item_id, bumped).item, "held", 1)
+    report = await reconciler(sale).reconcile(item_id)
+    assert {(f.kind, f.shard) for f in report.found} == {(Drift.REDIS_COUNTERS, bumped)}
+    await repair_and_drain(sale, Drift.REDIS_COUNTERS)
+    await assert_invariants(sale)
+
+    with pytest.raises(NotRecoverable, match="4 stock shards"):
+        await recover_item(engine, ledger, item_id)
