@@ -358,8 +358,8 @@ class RedisEngine:
     async def _take_stock(
         self, item_id: int, *, to: int, need: int, transfer_id: str, shards: int
     ) -> int:
-        """Move at least ``need`` units to shard ``to`` from the other shards, fullest first, as
-        far as they have any; returns the units moved (0: each had none when asked)."""
+        """Move ``need`` units to shard ``to`` from the other shards, fullest first, as far as
+        they have any; returns the units moved (0: each had none when asked)."""
         others = [shard for shard in range(shards) if shard != to]
         available = await asyncio.gather(
             *(self._read("HGET", self.keys(item_id, s).item, "available") for s in others)
@@ -382,8 +382,8 @@ class RedisEngine:
     async def transfer(
         self, item_id: int, *, source: int, to: int, need: int, transfer_id: str
     ) -> int:
-        """Move stock from shard ``source`` to shard ``to``: at least ``need`` units if the source
-        has them, all it has if not (see transfer_out.lua); returns the units moved. Idempotent
+        """Move stock from shard ``source`` to shard ``to``: ``need`` units, or all the source
+        has if that is less (see transfer_out.lua); returns the units moved. Idempotent
         per ``transfer_id``. If the second half fails, the units stay in transit until
         :meth:`deliver_in_transit` (the reaper) delivers them."""
         sent = self.keys(item_id, source)
