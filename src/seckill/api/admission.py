@@ -5,7 +5,7 @@ longer and all of them time out together. Shedding the excess at once keeps the 
 fast and tells the rest to come back: 503 ``overloaded`` with ``Retry-After: 1``, before the
 request is authenticated or its body read, so a shed request costs almost nothing.
 
-Only the purchase route (``seckill.api.purchase_route``) is limited; it admits by itself. The
+Only the purchase route (``seckill.api.lean_routes``) is limited; it admits by itself. The
 limit is per process and in memory: a counter, which needs no lock because the event loop runs
 one task at a time and the counter is never read and written across an ``await``. A slot is held
 from the moment the request arrives until its answer has been sent.

@@ -13,10 +13,9 @@ from seckill import __version__
 from seckill.api import admin, buyers, dashboard, health, metrics, payments, tickets
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
+from seckill.api.lean_routes import LeanRoutes
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics
-from seckill.api.paths import is_purchase
-from seckill.api.purchase_route import PurchaseRoute
 from seckill.api.request_ids import RequestIds
 from seckill.bootstrap import Runtime, open_runtime
 from seckill.config import Settings
@@ -24,15 +23,16 @@ from seckill.services.tickets import TicketGate
 
 
 class SeckillApi(FastAPI):
-    """FastAPI, with the purchase route served ahead of its machinery (see PurchaseRoute)."""
+    """FastAPI, with the buyers' hot routes served ahead of its machinery (see LeanRoutes)."""
 
-    def __init__(self, *, purchase_route: PurchaseRoute, **options: Any) -> None:
+    def __init__(self, *, lean_routes: LeanRoutes, **options: Any) -> None:
         super().__init__(**options)
-        self.purchase_route = purchase_route
+        self.lean_routes = lean_routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if is_purchase(scope):
-            await self.purchase_route(scope, receive, send)
+        route = self.lean_routes.route_of(scope)
+        if route is not None:
+            await self.lean_routes.serve(route, scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
@@ -52,14 +52,14 @@ def create_app(
             else:
                 active = runtime
             app.state.context = Context.build(active, ticket_gate=ticket_gate)
-            purchase_route.context = app.state.context
+            lean_routes.context = app.state.context
             yield
 
-    purchase_route = PurchaseRoute(
+    lean_routes = LeanRoutes(
         max_in_flight=settings.admission_max_in_flight, max_body_bytes=settings.max_body_bytes
     )
     app = SeckillApi(
-        purchase_route=purchase_route,
+        lean_routes=lean_routes,
         title="seckill",
         version=__version__,
         description="A flash-sale backend: every purchase decided by one atomic Redis script.",
@@ -68,7 +68,7 @@ def create_app(
     install_error_handlers(app)
     for module in (buyers, tickets, admin, payments, health, metrics, dashboard):
         app.include_router(module.router)
-    # The other routes' layers; the purchase route does the same for itself.
+    # The other routes' layers; the lean routes do the same for themselves.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIds)
     app.add_middleware(HttpMetrics)  # outermost, so every answer is counted and timed

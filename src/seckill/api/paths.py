@@ -1,9 +1,9 @@
-"""What a URL may say, stated once: the purchase path and the bound of an item id in a path.
+"""What a URL may say, stated once: the buyer routes' paths and the bound of an item id in a path.
 
-The purchase path is matched in four places (the app's dispatch to the lean purchase route, that
-route reading the item id, the metrics naming the route of a request answered before routing,
-and the benchmarks' admission middleware) and declared in one (the OpenAPI schema's entry in
-``seckill.api.buyers``); all of them read it from here. Item ids are bounded by the domain's rule
+The lean routes' paths (``seckill.api.lean_routes``) are matched there, in the metrics (naming
+the route of a request answered before routing) and in the benchmarks' admission middleware, and
+declared for the OpenAPI schema in ``seckill.api.buyers`` and ``seckill.api.tickets``; all of
+them read them from here. Item ids are bounded by the domain's rule
 (``seckill.domain.rules.MAX_ID``: they fit a signed 64-bit SQL column), never restated.
 """
 
@@ -17,11 +17,18 @@ from starlette.types import Scope
 
 from seckill.domain.rules import MAX_ID
 
+ITEM_ROUTE = "/api/v1/items/{item_id}"
+TICKET_ROUTE = "/api/v1/items/{item_id}/tickets"
 PURCHASE_ROUTE = "/api/v1/items/{item_id}/orders"
-"""The purchase route's template: its name in the schema and in the metrics' ``route`` label."""
+"""The routes' templates: their names in the schema and in the metrics' ``route`` label."""
 
-PURCHASE_PATH = re.compile(PURCHASE_ROUTE.replace("{item_id}", "([^/]+)"))
-"""A path on the purchase route; group 1 is the item id as sent (not yet checked)."""
+
+def route_pattern(template: str) -> re.Pattern[str]:
+    """The paths on a route; group 1 is the item id as sent (not yet checked)."""
+    return re.compile(template.replace("{item_id}", "([^/]+)"))
+
+
+PURCHASE_PATH = route_pattern(PURCHASE_ROUTE)
 
 ItemId = Annotated[int, Path(ge=1, le=MAX_ID)]
 """An ``{item_id}`` path parameter, for the routes served through the framework."""

@@ -14,18 +14,16 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Header
 from pydantic import BaseModel, Field
 
 from seckill.api.auth import BuyerIdentity
-from seckill.api.context import Context, context
 from seckill.api.errors import documented
-from seckill.api.paths import ItemId
+from seckill.api.paths import TICKET_ROUTE, ItemId
 from seckill.domain.times import ms_to_datetime
-from seckill.security.tickets import TICKET_HEADER
+from seckill.security.tickets import TICKET_HEADER, Ticket
 
 router = APIRouter(prefix="/api/v1", tags=["buyers"])
-Ctx = Annotated[Context, Depends(context)]
 
 TicketHeader = Annotated[
     str | None,
@@ -48,12 +46,17 @@ class TicketOut(BaseModel):
 
 
 @router.post(
-    "/items/{item_id}/tickets",
+    TICKET_ROUTE.removeprefix(router.prefix),
     response_model=TicketOut,
     responses=documented(401, 403, 404, 422, 429, 503),
 )
-async def issue_ticket(item_id: ItemId, buyer: BuyerIdentity, ctx: Ctx) -> TicketOut:
+async def issue_ticket(item_id: ItemId, buyer: BuyerIdentity) -> TicketOut:
     """A short-lived ticket to buy this item, issued from shortly before the sale until its
     end. 429 ``gate_refused`` (with ``Retry-After``) when the waiting room says not yet."""
-    text, ticket = await ctx.tickets.issue(item_id, buyer=buyer.subject)
+    # The schema's entry only: tickets are issued by seckill.api.lean_routes, ahead of the
+    # framework, and the schema tests hold its answers to what is declared here.
+    raise NotImplementedError("tickets are issued by seckill.api.lean_routes")
+
+
+def ticket_out(text: str, ticket: Ticket) -> TicketOut:
     return TicketOut(ticket=text, expires_at=ms_to_datetime(ticket.expires_at_ms))

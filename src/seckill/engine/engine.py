@@ -601,10 +601,11 @@ class RedisEngine:
 
     async def item(self, item_id: int) -> SaleItem | None:
         """The item's sale settings as loaded (from its head), or None."""
+        # Through the pipeliner: every ticket asks (the ticket office's window check).
         raw = cast(
             list[str | None],
-            await self._redis.hmget(
-                self.keys(item_id).item, [*_ITEM_FIELDS, "shards", "item_total"]
+            await self._read(
+                "HMGET", self.keys(item_id).item, *_ITEM_FIELDS, "shards", "item_total"
             ),
         )
         if any(v is None for v in raw[: len(_ITEM_FIELDS)]):

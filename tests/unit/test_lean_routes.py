@@ -1,4 +1,4 @@
-"""The purchase route reads its request as the framework would: the same bearer tokens, the same
+"""The lean routes read its request as the framework would: the same bearer tokens, the same
 bodies accepted and refused, the same idempotency keys."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from starlette.requests import Request
 
 from seckill.api.auth import bearer_token
 from seckill.api.errors import ApiError
-from seckill.api.purchase_route import _item_id, _quantity, idempotency_key
+from seckill.api.lean_routes import _item_id, _quantity, idempotency_key
+from seckill.api.paths import PURCHASE_PATH
 
 AUTHORIZATIONS = [
     None, "", "Bearer abc", "bearer abc", "BEARER abc", "Bearer  abc  ", "Bearer", "Bearer ",
@@ -78,10 +79,10 @@ def test_bodies_that_are_refused(body: bytes, content_type: bytes | None, says: 
 )
 def test_item_ids(path: str, item_id: int | None) -> None:
     if item_id is not None:
-        assert _item_id(path) == item_id
+        assert _item_id(PURCHASE_PATH, path) == item_id
         return
     with pytest.raises(ApiError) as refused:
-        _item_id(path)
+        _item_id(PURCHASE_PATH, path)
     assert (refused.value.status, refused.value.code) == (422, "invalid_request")
 
 

@@ -1,0 +1,291 @@
+"""The buyer routes a stampede hits, served ahead of the framework.
+
+Every buyer of a sale reads the item, takes a ticket and buys, all in the same second. Through
+FastAPI's machinery (middleware layers, dependency resolution, response models, wrapped sends)
+each of these cost several times its own work, so they are served here as plain code:
+
+* ``GET /api/v1/items/{item_id}``: the item as buyers see it (the cache in front of SQL, the
+  units left read live);
+* ``POST /api/v1/items/{item_id}/tickets``: a purchase ticket for the caller;
+* ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: admission (beyond
+  ``admission_max_in_flight`` purchases in flight, 503 ``overloaded`` at once); the body's size
+  (413 before it is read whole); the bearer token (401, 403 for an admin's); the item id and the
+  body (``{"quantity": n}``, optional; 422); the ``Idempotency-Key`` (400 without one) and the
+  ticket (403 ``invalid_ticket``); then ``Purchases.buy``, one Redis round trip (the sold-out
+  flag before it).
+
+Each request gets what the framework's layers give the other routes, from the same places: the
+request id (``seckill.api.request_ids``), the body limit and the JSON answer
+(``seckill.api.responses``), the answers to errors (``seckill.api.errors``), the metrics
+(``seckill.api.metrics``). Every route stays declared for the OpenAPI schema (in
+``seckill.api.buyers`` and ``seckill.api.tickets``), and the schema tests hold the answers given
+here to it. Anything else (another method, a trailing slash) goes on to the framework.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
+
+from seckill.api.admission import RETRY_AFTER, Admission
+from seckill.api.auth import authorize, bearer_token
+from seckill.api.buyers import item_out
+from seckill.api.context import Context
+from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal, validation_message
+from seckill.api.metrics import record_request
+from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, TICKET_ROUTE, route_pattern
+from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
+from seckill.api.request_ids import request_id_from
+from seckill.api.responses import (
+    CONNECTION_CLOSE,
+    BodyLimit,
+    BodyTooLarge,
+    ClientGone,
+    Header,
+    error_body,
+    send_json,
+)
+from seckill.api.schemas import BuyIn, ReservationOut
+from seckill.api.tickets import ticket_out
+from seckill.domain.orders import OrderStatus
+from seckill.domain.rules import MAX_ID
+from seckill.domain.times import ms_to_datetime
+from seckill.observability import metrics
+from seckill.observability.logs import REQUEST_ID
+from seckill.security.tickets import TICKET_HEADER
+from seckill.security.tokens import Role
+from seckill.services.items import item_on_sale
+
+log = logging.getLogger(__name__)
+
+# ASCII digits, no more of them than the largest id has: int() never parses a long string.
+_ITEM_ID = re.compile(f"[0-9]{{1,{len(str(MAX_ID))}}}")
+_TICKET = TICKET_HEADER.lower().encode()
+_NO_BODY = BuyIn()
+
+# The refusals a stampede gets by the thousand, encoded once.
+_ENCODED = {
+    (outcome.value, message): error_body(outcome.value, message)
+    for outcome, (_, message) in REFUSALS.items()
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: bytes
+    outcome: str  # what the metrics count: "reserved", "200", or the error code
+    headers: list[Header]  # after the content type, length and request id
+
+    @classmethod
+    def error(cls, problem: ApiError) -> Answer:
+        body = _ENCODED.get((problem.code, problem.message))
+        if body is None:
+            body = error_body(problem.code, problem.message)
+        extra = [(k.lower().encode(), v.encode()) for k, v in (problem.headers or {}).items()]
+        return cls(problem.status, body, problem.code, extra)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What a route reads of its request."""
+
+    item_id: int
+    headers: dict[bytes, bytes]
+    body: bytes
+    request_id: str
+
+
+Decide = Callable[[Context, Request], Awaitable[Answer]]
+
+
+@dataclass(frozen=True, slots=True)
+class LeanRoute:
+    method: str
+    template: str  # the schema's path, and the metrics' ``route`` label
+    decide: Decide
+    admitted: bool = False  # held to the admission limit (the purchase)
+    takes_body: bool = False  # read whole (under the limit); else only its length is checked
+    pattern: re.Pattern[str] = field(init=False)  # group 1: the item id as sent
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", route_pattern(self.template))
+
+
+class LeanRoutes:
+    """The ASGI app for the lean routes; ``context`` is set when the API starts."""
+
+    def __init__(self, *, max_in_flight: int, max_body_bytes: int) -> None:
+        self.context: Context | None = None
+        self.admission = Admission(max_in_flight)
+        self.body_limit = BodyLimit(max_body_bytes)
+        self._too_large = Answer(413, self.body_limit.refusal, "body_too_large", [CONNECTION_CLOSE])
+        self._shed = Answer(503, self.admission.refusal, "overloaded", [RETRY_AFTER])
+        self._routes = [
+            LeanRoute("POST", PURCHASE_ROUTE, buy, admitted=True, takes_body=True),
+            LeanRoute("POST", TICKET_ROUTE, issue_ticket),
+            LeanRoute("GET", ITEM_ROUTE, read_item),
+        ]
+
+    def route_of(self, scope: Scope) -> LeanRoute | None:
+        """The lean route that serves this ASGI request, if one does."""
+        if scope["type"] != "http":
+            return None
+        method, path = scope["method"], scope["path"]
+        for route in self._routes:
+            if route.method == method and route.pattern.fullmatch(path):
+                return route
+        return None
+
+    async def serve(self, route: LeanRoute, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.perf_counter()
+        headers = dict(scope["headers"])
+        request_id = request_id_from(headers.get(REQUEST_ID_HEADER, b""))
+        if route.admitted and not self.admission.try_enter():
+            metrics.SHED.inc()
+            shed = self._shed
+            await send_json(send, shed.status, shed.body, shed.headers, request_id)
+            record_request(route.template, shed.outcome, started)
+            return
+        logged_as = REQUEST_ID.set(request_id)  # every log line of this request carries it
+        try:
+            try:
+                answer = await self._answer(route, scope, receive, headers, request_id)
+            except ClientGone:
+                return
+            except BodyTooLarge:
+                answer = self._too_large
+            except Exception as exc:
+                answer = _answer_to(exc, route)
+            await send_json(send, answer.status, answer.body, answer.headers, request_id)
+        finally:
+            if route.admitted:
+                self.admission.leave()
+            REQUEST_ID.reset(logged_as)
+        record_request(route.template, answer.outcome, started)
+
+    async def _answer(
+        self,
+        route: LeanRoute,
+        scope: Scope,
+        receive: Receive,
+        headers: dict[bytes, bytes],
+        request_id: str,
+    ) -> Answer:
+        ctx = self.context
+        if ctx is None:
+            raise RuntimeError("a lean route was called before the API started")
+        # The limit holds as on the framework's routes: a route that takes no body never reads
+        # one, so only a Content-Length over the limit is refused.
+        length = headers.get(b"content-length")
+        if route.takes_body:
+            body = await self.body_limit.read(receive, length)
+        elif self.body_limit.refuses_length(length):
+            raise BodyTooLarge(self.body_limit.message)
+        else:
+            body = b""
+        item_id = _item_id(route.pattern, scope["path"])
+        return await route.decide(ctx, Request(item_id, headers, body, request_id))
+
+
+async def read_item(ctx: Context, request: Request) -> Answer:
+    seen = await item_on_sale(ctx.item_cache, request.item_id)
+    return Answer(200, item_out(seen).model_dump_json().encode(), "200", [])
+
+
+async def issue_ticket(ctx: Context, request: Request) -> Answer:
+    buyer = _caller(ctx, request.headers, Role.BUYER)
+    text, ticket = await ctx.tickets.issue(request.item_id, buyer=buyer)
+    return Answer(200, ticket_out(text, ticket).model_dump_json().encode(), "200", [])
+
+
+async def buy(ctx: Context, request: Request) -> Answer:
+    headers, item_id = request.headers, request.item_id
+    buyer = _caller(ctx, headers, Role.BUYER)
+    quantity = _quantity(request.body, headers.get(b"content-type")).quantity
+    key = idempotency_key(_text(headers.get(b"idempotency-key")))
+    ctx.tickets.check(_text(headers.get(_TICKET)), item_id=item_id, buyer=buyer)
+    reservation = await ctx.purchases.buy(
+        item_id,
+        buyer=buyer,
+        quantity=quantity,
+        idempotency_key=key,
+        request_id=request.request_id,
+    )
+    if not reservation.accepted:
+        raise refusal(reservation)
+    assert reservation.order_id is not None and reservation.deadline_ms is not None
+    held = ReservationOut(
+        order_id=str(reservation.order_id),
+        item_id=item_id,
+        quantity=quantity,
+        status=OrderStatus.HELD,
+        pay_before=ms_to_datetime(reservation.deadline_ms),
+    )
+    return Answer(202, held.model_dump_json().encode(), "reserved", [])
+
+
+def idempotency_key(header: str | None) -> str:
+    """The key of an ``Idempotency-Key`` header; 400 ``idempotency_key_required`` without one."""
+    if header is None:
+        raise ApiError(400, "idempotency_key_required", "send an Idempotency-Key header")
+    # The draft's value is a structured-field string ("..."); a bare token is accepted too.
+    key = header.strip()
+    if len(key) >= 2 and key[0] == key[-1] == '"':
+        key = key[1:-1]
+    return key
+
+
+def _caller(ctx: Context, headers: dict[bytes, bytes], role: Role) -> str:
+    token = bearer_token(_text(headers.get(b"authorization")))
+    return authorize(ctx.tokens, token, role).subject
+
+
+def _answer_to(exc: Exception, route: LeanRoute) -> Answer:
+    problem = answer_for(exc)
+    if problem is None:
+        log.exception("%s %s failed", route.method, route.template)
+        problem = ApiError(500, "internal_error", "the request failed: see the server's log")
+    return Answer.error(problem)
+
+
+def _text(value: bytes | None) -> str | None:
+    # Header values as the framework reads them: Latin-1, so any byte decodes.
+    return None if value is None else value.decode("latin-1")
+
+
+def _item_id(pattern: re.Pattern[str], path: str) -> int:
+    match = pattern.fullmatch(path)
+    text = match.group(1) if match else ""
+    if _ITEM_ID.fullmatch(text) and 1 <= int(text) <= MAX_ID:
+        return int(text)
+    raise ApiError(422, "invalid_request", f"path.item_id: an integer from 1 to {MAX_ID}")
+
+
+def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:
+    """The body as ``BuyIn``: none at all buys one unit."""
+    if not body:
+        return _NO_BODY
+    if content_type is not None and not _is_json(content_type):
+        raise ApiError(422, "invalid_request", "body: send it as application/json")
+    try:
+        return BuyIn.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise ApiError(422, "invalid_request", "body: not valid JSON") from None
+        located = [{**e, "loc": ("body", *e["loc"])} for e in errors]
+        raise ApiError(422, "invalid_request", validation_message(located)) from None
+
+
+def _is_json(content_type: bytes) -> bool:
+    media = content_type.split(b";", 1)[0].strip().lower()
+    return media == b"application/json" or (
+        media.startswith(b"application/") and media.endswith(b"+json")
+    )
