@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 import uvloop
 
-from seckill.bootstrap import Runtime, open_runtime
+from seckill.bootstrap import Runtime, open_runtime, settle_heap
 from seckill.config import Settings
 from seckill.observability.logs import configure_logging
 from seckill.reconcile.reconciler import Reconciler
@@ -136,6 +136,7 @@ async def run(
                 lifespan="on",
             )
             server = _Server(config)
+            settle_heap()
             tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
             host, port = sock.getsockname()[:2]
             log.info("API on http://%s:%d (OpenAPI at /docs)", host, port)

@@ -17,7 +17,7 @@ from seckill.api.lean_routes import LeanRoutes
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics
 from seckill.api.request_ids import RequestIds
-from seckill.bootstrap import Runtime, open_runtime
+from seckill.bootstrap import Runtime, open_runtime, settle_heap
 from seckill.config import Settings
 from seckill.services.tickets import TicketGate
 
@@ -82,4 +82,6 @@ def app_from_environment() -> SeckillApi:
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
-    return create_app(settings)
+    app = create_app(settings)
+    settle_heap()
+    return app
