@@ -194,6 +194,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--workers must be at least 1")
     if args.generator == "wrk" and not shutil.which("wrk"):
         parser.error("--generator wrk: wrk is not installed (Debian: apt-get install wrk)")
+    if args.profile is not None and not py_spy():
+        parser.error("--profile: py-spy is not installed (pip install py-spy)")
     if args.generator == "auto":
         args.generator = "wrk" if shutil.which("wrk") else "builtin"
     return args
@@ -517,6 +519,12 @@ def timed(
     return load
 
 
+def py_spy() -> Path | None:
+    """py-spy, on the PATH or beside this Python (installed in its virtualenv)."""
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    return Path(found) if found else None
+
+
 @contextlib.contextmanager
 def profiled(name: str, pid: int | None, args: argparse.Namespace) -> Iterator[None]:
     """py-spy sampling the server (with its worker processes) over the block, if asked."""
@@ -525,8 +533,7 @@ def profiled(name: str, pid: int | None, args: argparse.Namespace) -> Iterator[N
         return
     args.profile.mkdir(parents=True, exist_ok=True)
     out = args.profile / f"{name.replace(' ', '-')}.txt"
-    spy_bin = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    argv = [spy_bin, "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
+    argv = [str(py_spy()), "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
     argv += ["--rate", "250", "--nonblocking", "--output", str(out)]
     spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
