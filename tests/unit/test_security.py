@@ -159,7 +159,7 @@ def test_a_verified_token_is_remembered_and_its_times_checked_at_each_use(
     def unreachable(*_: Any, **__: Any) -> Any:
         raise AssertionError("a remembered token was verified again")
 
-    monkeypatch.setattr(jwt, "decode", unreachable)
+    monkeypatch.setattr(tokens.jwt, "decode", unreachable)
     assert codec.verify(token, now=NOW + 30) == Identity("alice", Role.BUYER)
     with pytest.raises(InvalidToken, match="token expired"):
         codec.verify(token, now=NOW + 60 + LEEWAY_SECONDS)
@@ -186,13 +186,13 @@ def test_a_refused_token_is_not_remembered_and_the_memory_is_bounded(
     for token in (first, second, third):
         codec.verify(token, now=NOW)
     decoded: list[str] = []
-    real_decode = jwt.decode
+    real_decode = tokens.jwt.decode
 
     def counting(token: str, *args: Any, **kwargs: Any) -> Any:
         decoded.append(token)
         return real_decode(token, *args, **kwargs)
 
-    monkeypatch.setattr(jwt, "decode", counting)
+    monkeypatch.setattr(tokens.jwt, "decode", counting)
     for token in (third, second, first):
         codec.verify(token, now=NOW)
     assert decoded == [first]  # the oldest was let go; the two newest were remembered
