@@ -45,9 +45,8 @@ MAX_TICKET_LEN = 256
 # As for HS256 JWTs (RFC 7518 §3.2): a key at least as long as the hash output.
 MIN_KEY_BYTES = 32
 
-_ITEM = re.compile(r"[1-9][0-9]{0,18}")
-_BUYER = re.compile(r"[A-Za-z0-9_-]{2,88}")
-_EXPIRES = re.compile(r"[0-9]{1,15}")
+# What a ticket says, checked in one match: version, item id, buyer, expiry.
+_PAYLOAD = re.compile(VERSION + r"\.([1-9][0-9]{0,18})\.([A-Za-z0-9_-]{2,88})\.([0-9]{1,15})")
 _MAC = re.compile(r"[0-9a-f]{64}")
 
 
@@ -99,13 +98,11 @@ class TicketCodec:
         # keeps non-ASCII text away from compare_digest, which refuses it with TypeError.
         if not _MAC.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(payload)):
             raise BadTicket("ticket signature does not match")
-        parts = payload.split(".")
-        # Authentic, so these hold unless the key signed something else; checked all the same.
-        if len(parts) != 4 or parts[0] != VERSION:
+        # Authentic, so this holds unless the key signed something else; checked all the same.
+        fields = _PAYLOAD.fullmatch(payload)
+        if fields is None:
             raise BadTicket("malformed ticket")
-        _, item, buyer, expires = parts
-        if not (_ITEM.fullmatch(item) and _BUYER.fullmatch(buyer) and _EXPIRES.fullmatch(expires)):
-            raise BadTicket("malformed ticket")
+        item, buyer, expires = fields.groups()
         try:
             name = base64.urlsafe_b64decode(buyer + "=" * (-len(buyer) % 4)).decode()
         except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
