@@ -69,12 +69,6 @@ _ITEM_ID = re.compile(f"[0-9]{{1,{len(str(MAX_ID))}}}")
 _TICKET = TICKET_HEADER.lower().encode()
 _NO_BODY = BuyIn()
 
-# The refusals a stampede gets by the thousand, encoded once.
-_ENCODED = {
-    (outcome.value, message): error_body(outcome.value, message)
-    for outcome, (_, message) in REFUSALS.items()
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -85,11 +79,12 @@ class Answer:
 
     @classmethod
     def error(cls, problem: ApiError) -> Answer:
-        body = _ENCODED.get((problem.code, problem.message))
-        if body is None:
-            body = error_body(problem.code, problem.message)
         extra = [(k.lower().encode(), v.encode()) for k, v in (problem.headers or {}).items()]
-        return cls(problem.status, body, problem.code, extra)
+        return cls(problem.status, error_body(problem.code, problem.message), problem.code, extra)
+
+
+# The refusals a stampede gets by the thousand, answered once.
+_REFUSED = {outcome: Answer.error(refusal(outcome)) for outcome in REFUSALS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +214,9 @@ async def buy(ctx: Context, request: Request) -> Answer:
         request_id=request.request_id,
     )
     if not reservation.accepted:
-        raise refusal(reservation)
+        if reservation.retry_after_ms is None:
+            return _REFUSED[reservation.outcome]
+        return Answer.error(refusal(reservation))  # with its Retry-After
     assert reservation.order_id is not None and reservation.deadline_ms is not None
     held = ReservationOut(
         order_id=str(reservation.order_id),
