@@ -49,11 +49,13 @@ def test_the_summary_counts_every_request_once() -> None:
     samples = [(0.01 * n, "buy", "sold_out" if n % 3 else "reserved", 0.05 * n) for n in range(900)]
     log.samples = samples
     log.crowd_s = 9.0
+    log.buyers_sent = 450
     result = summarize(
         kind="bench", target="http://x", started_at=datetime.now(UTC), plan=CrowdPlan(),
         item_id=1, log=log, elapsed_s=10.0, checks=[Check("c", True, "")],
     )  # fmt: skip
     assert result["requests"] == 900 and result["throughput_rps"] == 100.0
+    assert result["buyers"] == 450 and result["buyers_per_s"] == 50.0
     assert sum(r["count"] for r in result["outcomes"]) == 900
     histogram = result["latency_histogram"]
     assert len(histogram["edges_ms"]) == len(EDGES_MS)

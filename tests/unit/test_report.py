@@ -62,6 +62,8 @@ def crowd_result(*, passed: bool) -> CrowdResult:
         "requests": 10637,
         "transport_errors": 2,
         "throughput_rps": 3112.9041637,
+        "buyers": 5200,
+        "buyers_per_s": 1521.8,
         "outcomes": [
             {
                 "action": "buy",
@@ -166,6 +168,8 @@ def test_the_tables_show_every_figure_exactly(written: tuple[CrowdResult, Path, 
     assert summary == {
         "requests": result["requests"],
         "throughput_rps": result["throughput_rps"],
+        "buyers": result["buyers"],
+        "buyers_per_s": result["buyers_per_s"],
         "crowd_s": result["crowd_s"],
         "elapsed_s": result["elapsed_s"],
         "transport_errors": result["transport_errors"],

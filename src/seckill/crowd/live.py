@@ -58,7 +58,8 @@ def print_result(console: Console, result: CrowdResult) -> None:
         )  # fmt: skip
     console.print(answers)
     console.print(
-        f"{result['requests']:,} requests in {result['crowd_s']:.1f} s: "
+        f"{result['buyers']:,} buyers and {result['requests']:,} requests in "
+        f"{result['crowd_s']:.1f} s: {result['buyers_per_s']:,.0f} buyers/s, "
         f"{result['throughput_rps']:,.0f} req/s; {result['transport_errors']} without an answer"
     )
     verdicts = Table(title="Verdict")

@@ -289,6 +289,8 @@ def _summary(result: CrowdResult) -> str:
     figures: list[tuple[str, str, object]] = [
         ("requests", "requests", result["requests"]),
         ("throughput_rps", "throughput (requests/s)", result["throughput_rps"]),
+        ("buyers", "buyers", result["buyers"]),
+        ("buyers_per_s", "buyers through the sale per second", result["buyers_per_s"]),
         ("crowd_s", "crowd wall time (s)", result["crowd_s"]),
         ("elapsed_s", "elapsed, to the end of the audit (s)", result["elapsed_s"]),
         ("transport_errors", "transport errors (no HTTP answer)", result["transport_errors"]),

@@ -80,6 +80,8 @@ class CrowdResult(TypedDict):
     requests: int
     transport_errors: int  # requests that got no HTTP answer (refused, reset, timed out)
     throughput_rps: float  # requests / crowd_s
+    buyers: int  # buyers sent through the sale (both waves), each on their whole journey
+    buyers_per_s: float  # buyers / crowd_s: journeys (ticket, purchase, what follows) a second
     outcomes: list[OutcomeRow]
     timeline: Timeline
     latency_histogram: LatencyHistogram

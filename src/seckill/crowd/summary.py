@@ -63,6 +63,8 @@ def summarize(
         requests=requests,
         transport_errors=sum(1 for s in samples if s[2] == "transport_error"),
         throughput_rps=round(requests / crowd_s, 1) if crowd_s else 0.0,
+        buyers=log.buyers_sent,
+        buyers_per_s=round(log.buyers_sent / crowd_s, 1) if crowd_s else 0.0,
         outcomes=_outcomes(log, crowd_s),
         timeline=_timeline(log),
         latency_histogram=_histogram(log),
