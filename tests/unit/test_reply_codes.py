@@ -8,7 +8,7 @@ import pytest
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, Outcome
-from seckill.engine.scripts import ITEM_SCRIPTS, LUA_DIR, ScriptName
+from seckill.engine.scripts import HOLD_SCRIPTS, ITEM_SCRIPTS, LUA_DIR, ScriptName
 
 # Validated by Python alone: the key's text only reaches Redis inside a key name.
 PYTHON_ONLY_ERRORS = {ErrorCode.INVALID_KEY}
@@ -41,11 +41,18 @@ def body_codes(source: str) -> tuple[set[str], set[str]]:
     return replies, errors
 
 
+HELPER_FILES = ("_common", "_holds")
+
+
+def shared_source() -> str:
+    return "".join((LUA_DIR / f"{name}.lua").read_text() for name in HELPER_FILES)
+
+
 def common_helpers() -> dict[str, str]:
-    """Each `local function` of _common.lua, by name, with its body."""
-    common = (LUA_DIR / "_common.lua").read_text()
-    found = re.findall(r"^local function (\w+)\(.*?^end$", common, re.M | re.S)
-    bodies = re.findall(r"^(local function \w+\(.*?^end)$", common, re.M | re.S)
+    """Each `local function` of the shared helper files, by name, with its body."""
+    shared = shared_source()
+    found = re.findall(r"^local function (\w+)\(.*?^end$", shared, re.M | re.S)
+    bodies = re.findall(r"^(local function \w+\(.*?^end)$", shared, re.M | re.S)
     return dict(zip(found, bodies, strict=True))
 
 
@@ -75,6 +82,15 @@ def test_the_shared_helpers_are_found() -> None:
     assert body_codes(helpers["pay_hold"])[0] == {"already_paid", "refund_required", "paid"}
 
 
+def test_scripts_are_sent_with_the_helpers_they_use() -> None:
+    holds = (LUA_DIR / "_holds.lua").read_text()
+    names = {*re.findall(r"^local function (\w+)\(", holds, re.M), "RELEASE_REASONS"}
+    for name in ScriptName:
+        source = (LUA_DIR / f"{name}.lua").read_text()
+        used = {n for n in names if re.search(rf"\b{n}\b", source)}
+        assert not used or name in HOLD_SCRIPTS, f"{name}.lua uses {used} of _holds.lua"
+
+
 @pytest.mark.parametrize("name", sorted(ITEM_SCRIPTS))
 def test_each_script_replies_only_what_its_header_declares(name: ScriptName) -> None:
     declared_replies, declared_errors = declared(name)
@@ -93,7 +109,7 @@ def test_paying_scripts_share_one_decision(name: ScriptName) -> None:
 
 
 def test_the_shared_refusals_are_declared_codes() -> None:
-    _, errors = body_codes((LUA_DIR / "_common.lua").read_text())
+    _, errors = body_codes(shared_source())
     assert errors
     assert errors <= {e.value for e in ErrorCode}
 
@@ -110,12 +126,11 @@ def test_declared_codes_equal_the_python_enums() -> None:
 
 
 def test_release_reasons_agree() -> None:
-    common = (LUA_DIR / "_common.lua").read_text()
-    table = re.search(r"RELEASE_REASONS = \{(.*?)\}", common)
+    table = re.search(r"RELEASE_REASONS = \{(.*?)\}", shared_source())
     assert table is not None
     assert set(re.findall(r"([a-z_]+) = true", table.group(1))) == {r.value for r in ReleaseReason}
 
 
 def test_every_script_file_is_named_in_the_enum() -> None:
     files = {p.name.removesuffix(".lua") for p in LUA_DIR.iterdir() if p.name.endswith(".lua")}
-    assert files - {"_common"} == {n.value for n in ScriptName}
+    assert files - set(HELPER_FILES) == {n.value for n in ScriptName}

@@ -1,8 +1,9 @@
 """The Lua scripts: read once from the package, loaded into Redis once, called by EVALSHA.
 
-Each item script is ``_common.lua`` followed by its own file. A server that lost its script cache
-(a restart, a failover, SCRIPT FLUSH) answers NOSCRIPT; the call then loads the script again and
-retries once, which is safe because a NOSCRIPT reply means the script did not run.
+Each item script is ``_common.lua`` (and ``_holds.lua`` if it moves or counts holds) followed by
+its own file. A server that lost its script cache (a restart, a failover, SCRIPT FLUSH) answers
+NOSCRIPT; the call then loads the script again and retries once, which is safe because a NOSCRIPT
+reply means the script did not run.
 
 With a ``Pipeliner``, plain calls are sent in batches with the other calls of the same event-loop
 tick (see ``pipelining``): one round trip for many purchases. On a Redis Cluster, a
@@ -57,6 +58,13 @@ ITEM_SCRIPTS = frozenset(
      ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT, ScriptName.TRANSFER_IN}
 )  # fmt: skip
 
+# Item scripts that move or count holds also take _holds.lua. The others go without: a script
+# runs all the text it is sent on every call, and each helper defined costs a closure.
+HOLD_SCRIPTS = frozenset(
+    {ScriptName.CONFIRM, ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE,
+     ScriptName.RECOUNT, ScriptName.RECOVER}
+)  # fmt: skip
+
 
 # The writes whose answers reach buyers, admins and the payment provider: with a Durability they
 # wait for replicas. The lease scripts (see leases) do not: a lost renewal is renewed again, a
@@ -80,11 +88,13 @@ NOTHING_PROMISED = frozenset(
 
 
 def script_text(name: ScriptName) -> str:
-    """One script as sent to Redis (an item script starts with the shared helpers)."""
-    own = (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
-    if name not in ITEM_SCRIPTS:
-        return own
-    return (LUA_DIR / "_common.lua").read_text(encoding="utf-8") + own
+    """One script as sent to Redis: an item script starts with the shared helpers it uses."""
+    parts = [
+        *(["_common"] if name in ITEM_SCRIPTS else []),
+        *(["_holds"] if name in HOLD_SCRIPTS else []),
+        name.value,
+    ]
+    return "".join((LUA_DIR / f"{part}.lua").read_text(encoding="utf-8") for part in parts)
 
 
 @dataclass(frozen=True, slots=True)

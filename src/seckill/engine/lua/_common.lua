@@ -1,5 +1,7 @@
--- _common.lua: helpers that scripts.py places before every script; no contract of its own.
+-- _common.lua: helpers that scripts.py places before every item script; no contract of its own.
 -- The input rules mirror seckill/domain/rules.py; a test feeds both the same inputs.
+-- Every call runs the whole text sent, and each helper defined here costs its closure on every
+-- call: helpers that only some scripts use live in _holds.lua.
 
 local MAX_ID = "9223372036854775807"
 local MAX_QUANTITY = 1000000
@@ -7,7 +9,6 @@ local MAX_TOTAL = 1000000000000
 local MAX_TIME = 90000000000000 -- time + hold stays within cjson's 14 significant digits
 local MAX_HOLD = 2592000000
 local MAX_BATCH = 10000
-local RELEASE_REASONS = { cancelled = true, expired = true, payment_failed = true }
 
 local function invalid(code, message)
   return redis.error_reply(code .. ": " .. message)
@@ -16,7 +17,7 @@ end
 -- A canonical decimal integer within [low, high], or nil. Order ids never pass through here:
 -- Lua numbers are doubles, so 64-bit ids stay strings (see is_id).
 local function int_arg(s, low, high)
-  if type(s) ~= "string" or #s > 15 or not (s == "0" or s:match("^[1-9]%d*$")) then
+  if type(s) ~= "string" or #s > 15 or not (s == "0" or s:find("^[1-9]%d*$")) then
     return nil
   end
   local n = tonumber(s)
@@ -25,7 +26,7 @@ local function int_arg(s, low, high)
 end
 
 local function is_id(s)
-  return type(s) == "string" and s:match("^[1-9]%d*$") ~= nil
+  return type(s) == "string" and s:find("^[1-9]%d*$") ~= nil
     and (#s < 19 or (#s == 19 and s <= MAX_ID))
 end
 
@@ -48,9 +49,15 @@ end
 local function now_arg(s)
   if s == "" then
     local t = redis.call("TIME")
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    return t[1] * 1000 + math.floor(t[2] / 1000)
   end
   return int_arg(s, 1, MAX_TIME)
+end
+
+-- An integer as a decimal string: redis.call prints a Lua number with %.17g, which costs a few
+-- times more, so hot paths hand it strings.
+local function decimal(n)
+  return string.format("%d", n)
 end
 
 -- The sale settings in ARGV[first .. first + 4]: total, starts_at_ms, ends_at_ms,
@@ -79,80 +86,20 @@ local function load_hold(order_id)
   return cjson.decode(raw)
 end
 
+-- A hold record: JSON {buyer, quantity, deadline_ms, state, reason (once released),
+-- refund_required (once true)}, read by load_hold, recount.lua, recover.lua and Python
+-- (engine._hold). Written out by hand, as cjson.encode costs several times as much and every
+-- purchase writes one: each value is a number or a fixed word but the buyer, whose visible ASCII
+-- needs escaping only for a quote or a backslash. Numbers may come as strings of digits.
+local function hold_json(buyer, quantity, deadline_ms, state, reason, refund_required)
+  local record = '{"buyer":' .. (buyer:find('["\\]') and cjson.encode(buyer) or '"' .. buyer .. '"')
+    .. ',"quantity":' .. quantity .. ',"deadline_ms":' .. deadline_ms .. ',"state":"' .. state .. '"'
+  if reason then record = record .. ',"reason":"' .. reason .. '"' end
+  if refund_required then record = record .. ',"refund_required":true' end
+  return record .. "}"
+end
+
 local function save_hold(order_id, hold)
-  redis.call("HSET", K.holds, order_id, cjson.encode(hold))
-end
-
--- held -> released: the stock returns, the buyer's count drops, the event is journaled.
-local function release_hold(item_id, order_id, hold, reason, now)
-  local q = hold.quantity
-  redis.call("HINCRBY", K.item, "held", -q)
-  redis.call("HINCRBY", K.item, "available", q)
-  if redis.call("HINCRBY", K.buyers, hold.buyer, -q) <= 0 then
-    redis.call("HDEL", K.buyers, hold.buyer) -- keeps the hash as small as the live buyers
-  end
-  redis.call("ZREM", K.deadlines, order_id)
-  hold.state = "released"
-  hold.reason = reason
-  save_hold(order_id, hold)
-  redis.call("XADD", K.events, "*", "event", "released", "item_id", item_id, "order_id", order_id,
-    "buyer", hold.buyer, "quantity", q, "reason", reason, "at_ms", now)
-end
-
--- A payment succeeded (confirm.lua, settle_payment.lua): held -> paid. The deadline is the
--- contract and money never brings stock back: a hold released before the payment, or found at
--- or past its deadline (released now, as expired), is marked refund_required instead, and the
--- first such payment journals it; later ones change nothing.
-local function pay_hold(item_id, order_id, hold, now)
-  if hold.state == "paid" then return { "already_paid" } end
-  if hold.state == "held" and now >= hold.deadline_ms then
-    release_hold(item_id, order_id, hold, "expired", now)
-  end
-  if hold.state == "released" then
-    if not hold.refund_required then
-      hold.refund_required = true
-      save_hold(order_id, hold)
-      redis.call("XADD", K.events, "*", "event", "refund_required", "item_id", item_id,
-        "order_id", order_id, "buyer", hold.buyer, "quantity", hold.quantity, "reason", hold.reason,
-        "at_ms", now)
-    end
-    return { "refund_required", hold.reason }
-  end
-  local q = hold.quantity
-  redis.call("HINCRBY", K.item, "held", -q)
-  redis.call("HINCRBY", K.item, "sold", q)
-  redis.call("ZREM", K.deadlines, order_id)
-  hold.state = "paid"
-  save_hold(order_id, hold)
-  redis.call("XADD", K.events, "*", "event", "paid", "item_id", item_id, "order_id", order_id,
-    "buyer", hold.buyer, "quantity", q, "at_ms", now)
-  return { "paid" }
-end
-
--- What a set of holds adds up to: held and paid units, units per buyer, the deadline index.
--- Feed it each hold with tally:add(order_id, hold). Each hold is one order's own record; the
--- counters are only their sum (recount.lua, recover.lua).
-local function new_tally()
-  local tally = { held = 0, sold = 0, buyers = {}, deadlines = {} }
-  function tally:add(order_id, hold)
-    if hold.state == "held" then
-      self.held = self.held + hold.quantity
-      self.deadlines[#self.deadlines + 1] = { hold.deadline_ms, order_id }
-    elseif hold.state == "paid" then
-      self.sold = self.sold + hold.quantity
-    end
-    if hold.state ~= "released" then
-      self.buyers[hold.buyer] = (self.buyers[hold.buyer] or 0) + hold.quantity
-    end
-  end
-  return tally
-end
-
--- Write a tally as the item's counters, buyers' units and deadline index.
-local function save_tally(total, tally)
-  redis.call("HSET", K.item, "available", total - tally.held - tally.sold, "held", tally.held,
-    "sold", tally.sold)
-  redis.call("DEL", K.buyers, K.deadlines)
-  for buyer, units in pairs(tally.buyers) do redis.call("HSET", K.buyers, buyer, units) end
-  for _, d in ipairs(tally.deadlines) do redis.call("ZADD", K.deadlines, d[1], d[2]) end
+  redis.call("HSET", K.holds, order_id, hold_json(hold.buyer, hold.quantity, hold.deadline_ms,
+    hold.state, hold.reason, hold.refund_required))
 end
