@@ -27,7 +27,6 @@ from sqlalchemy import (
     Dialect,
     Table,
     and_,
-    any_,
     bindparam,
     func,
     insert,
@@ -376,12 +375,15 @@ class Bulk:
 
 
 class PostgresBulk(Bulk):
-    """PostgreSQL through asyncpg: ids as one array parameter (``= ANY($1)``), rows by ``COPY
-    ... FROM STDIN`` in the binary format, which beats executemany and ``INSERT ... SELECT FROM
-    unnest(...)`` here."""
+    """PostgreSQL through asyncpg: ids as one array parameter, rows by ``COPY ... FROM STDIN``
+    in the binary format, which beats executemany and ``INSERT ... SELECT FROM unnest(...)``
+    here."""
 
     def one_of(self, column: ColumnElement[int], ids: list[int]) -> ColumnElement[bool]:
-        return column == any_(bindparam("ids", ids, type_=ARRAY(BigInteger)))
+        # `IN (SELECT unnest($1))`, which plans without looking at the ids: `= ANY($1)`, planned
+        # afresh for batches of 500, took 15 to 50 ms as the orders grew to 10,000 (executing
+        # in under 3), against about 3 for this.
+        return column.in_(select(func.unnest(bindparam("ids", ids, type_=ARRAY(BigInteger)))))
 
     def db_time(self, moment: datetime) -> Any:
         return moment.replace(tzinfo=None)  # UTC, as UTCDateTime stores it
