@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import AuthenticationError, DataError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, NoScriptError, ResponseError
 
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
@@ -204,6 +204,30 @@ async def test_a_killed_server_fails_the_calls_in_flight_then_calls_work_again(
         assert again == [str(n) for n in range(100)]
     finally:
         await pipeliner.aclose()
+        await asyncio.to_thread(server.stop)
+
+
+async def test_the_url_password_and_db_open_each_connection(redis_server: RedisServer) -> None:
+    """A new connection sends AUTH and SELECT from the URL before anything else; a wrong
+    password fails the calls with redis-py's AuthenticationError."""
+    server = RedisServer(binary=redis_server.binary, port=free_port())
+    await asyncio.to_thread(server.start)  # its readiness check needs no password: set it now
+    async with Redis.from_url(server.url) as redis:
+        await redis.config_set("requirepass", "s3cret")
+    address = f"127.0.0.1:{server.port}"
+    right = Pipeliner(f"redis://:s3cret@{address}/3", connections=2)
+    wrong = Pipeliner(f"redis://:wrong@{address}/0", connections=1)
+    try:
+        await asyncio.gather(*(right.execute("SET", f"k{n}", n) for n in range(100)))
+        assert " db=3 " in await right.execute("CLIENT", "INFO")
+        async with Redis.from_url(f"redis://:s3cret@{address}/3") as redis:
+            assert await redis.dbsize() == 100
+        with pytest.raises(AuthenticationError):
+            await wrong.execute("PING")
+        assert await right.execute("GET", "k7") == "7"  # the other pipeliner is unaffected
+    finally:
+        await right.aclose()
+        await wrong.aclose()
         await asyncio.to_thread(server.stop)
 
 

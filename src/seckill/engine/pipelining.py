@@ -336,7 +336,7 @@ class _Link(asyncio.Protocol):
                     raise hiredis.ProtocolError("a reply nobody asked for")
                 future = waiting.popleft()
                 if not future.done():  # a caller that gave up: its reply is read all the same
-                    if isinstance(reply, ResponseError):
+                    if isinstance(reply, Exception):  # an error reply, as redis-py's class for it
                         future.set_exception(reply)
                     else:
                         future.set_result(reply)
