@@ -121,6 +121,10 @@ class ShardCounts:
         self._prefix = prefix
         self._known: dict[int, int] = {}
 
+    def known(self, item_id: int) -> int | None:
+        """The item's shard count if already read: the purchase path's way, no coroutine."""
+        return self._known.get(item_id)
+
     async def of(self, item_id: int) -> int:
         """The item's shard count; 1 for an item not loaded (not remembered: it may be loaded
         with shards later)."""
@@ -196,9 +200,7 @@ class RedisEngine:
         self._prefix = prefix
         self._clock = clock
         self._rate_args = (
-            ("", "")
-            if rate_limit is None
-            else (str(rate_limit.requests), str(rate_limit.window_ms))
+            None if rate_limit is None else (str(rate_limit.requests), str(rate_limit.window_ms))
         )
         self._shard_counts = ShardCounts(redis, prefix)
 
@@ -323,24 +325,20 @@ class RedisEngine:
         rules.check_idempotency_key(idempotency_key)
         rules.check_order_id(order_id)
         rules.check_request_id(request_id)
-        shards = await self._shard_counts.of(item_id)
+        shards = self._shard_counts.known(item_id) or await self._shard_counts.of(item_id)
         home = home_shard(buyer, shards)
         keys = self.keys(item_id, home)
-        args: tuple[Any, ...] = (
-            buyer,
-            quantity,
-            order_id,
-            self._idempotency_ttl,
-            self._now(),
-            *self._rate_args,
-            request_id,
-        )
-        extra_keys = (keys.idempotency(buyer, idempotency_key), keys.rate(buyer))
-        reply = await self._call(
-            ScriptName.RESERVE, item_id, *args, extra_keys=extra_keys, shard=home
+        script_keys = (*keys.all_fixed(), keys.idempotency(buyer, idempotency_key))
+        if self._rate_args is not None:
+            script_keys = (*script_keys, keys.rate(buyer))
+        args = (item_id, buyer, quantity, order_id, self._idempotency_ttl)
+        reply = await self._scripts.call(
+            ScriptName.RESERVE,
+            script_keys,
+            (*args, self._now(), *_reserve_options(self._rate_args, request_id)),
         )
         transfer = 0
-        while shards > 1 and transfer < TRANSFER_ROUNDS and Outcome(reply[0]) in _SHORT:
+        while shards > 1 and transfer < TRANSFER_ROUNDS and _OUTCOMES[reply[0]] in _SHORT:
             transfer += 1
             moved = await self._take_stock(
                 item_id, to=home, need=quantity, transfer_id=f"{order_id}.{transfer}",
@@ -349,9 +347,10 @@ class RedisEngine:
             if not moved:
                 break  # every other shard answered that it had nothing left
             # The same attempt asked again: not counted against the rate limit a second time.
-            args = (*args[:4], self._now(), "", "", request_id)
-            reply = await self._call(
-                ScriptName.RESERVE, item_id, *args, extra_keys=extra_keys, shard=home
+            reply = await self._scripts.call(
+                ScriptName.RESERVE,
+                script_keys,
+                (*args, self._now(), *_reserve_options(None, request_id)),
             )
         return _reservation(reply)
 
@@ -769,8 +768,20 @@ def _reason(reply: list[Any], at: int) -> ReleaseReason | None:
     return ReleaseReason(reply[at]) if len(reply) > at else None
 
 
+def _reserve_options(rate_args: tuple[str, str] | None, request_id: str) -> tuple[str, ...]:
+    """reserve.lua's ARGV 7-9 (rate limit, request id): left off when empty, as the script takes
+    absent for none (fewer arguments to send and for Redis to read)."""
+    if rate_args is None:
+        return ("", "", request_id) if request_id else ()
+    return (*rate_args, request_id)
+
+
+# Outcome(code) through the enum's own lookup costs a microsecond a purchase; a dict does not.
+_OUTCOMES = {outcome.value: outcome for outcome in Outcome}
+
+
 def _reservation(reply: list[Any]) -> Reservation:
-    code = Outcome(reply[0])
+    code = _OUTCOMES[reply[0]]
     if len(reply) == 1:
         return Reservation(code)
     if code is Outcome.RATE_LIMITED:

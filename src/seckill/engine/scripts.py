@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from enum import StrEnum
 from importlib.resources import files
@@ -178,6 +179,10 @@ class Scripts:
             for name in ScriptName
             for src in [script_text(name)]
         }
+        # Each script's histogram, found once: labels() sorts and locks on every call.
+        self._durations = {
+            name: metrics.REDIS_SCRIPT_DURATION.labels(script=name) for name in ScriptName
+        }
 
     def __getitem__(self, name: ScriptName) -> Script:
         return self._scripts[name]
@@ -202,7 +207,7 @@ class Scripts:
         try:
             return await self._call(name, keys, args)
         finally:
-            metrics.REDIS_SCRIPT_DURATION.labels(script=name).observe(time.perf_counter() - started)
+            self._durations[name].observe(time.perf_counter() - started)
 
     async def _call(self, name: ScriptName, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
         script = self._scripts[name]
@@ -220,10 +225,12 @@ class Scripts:
                 raise
             raise refusal from None
 
-    async def _evalsha(self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
+    def _evalsha(
+        self, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]
+    ) -> Awaitable[Any]:
         if self._pipeliner is None:
-            return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-        return await self._pipeliner.execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return self._redis.evalsha(script.sha, len(keys), *keys, *args)
+        return self._pipeliner.execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def _call_durably(
         self,
