@@ -110,3 +110,39 @@ async def test_a_bulk_write_the_database_refuses_blames_the_entries_and_writes_n
     assert await ledger.orders(item_id) == {}
     assert await ledger.journal_size(item_id) == 1
     assert await ledger.stock(item_id) == Stock(total=size + 1, available=size + 1, held=0, sold=0)
+
+
+async def test_orders_on_record_move_together_each_time_set_once(ledger: Ledger) -> None:
+    item_id = await ledger.create_item(new_item(total=10, limit=1))
+
+    def of(order_id: int, kind: EventKind, at_ms: int, **fields: Any) -> StockEvent:
+        return event(kind, item_id, order_id=order_id, buyer=f"b{order_id}", quantity=1,
+                     at_ms=at_ms, **fields)  # fmt: skip
+
+    await ledger.apply(
+        [of(i, EventKind.RESERVED, AT_MS, deadline_ms=DEADLINE_MS) for i in (1, 2, 3)]
+    )
+    cancelled = ReleaseReason.CANCELLED
+    await ledger.apply(
+        [
+            of(1, EventKind.PAID, AT_MS + 1),
+            # Released, then paid too late: one move from held, the release's time and reason.
+            of(2, EventKind.RELEASED, AT_MS + 2, reason=cancelled),
+            of(2, EventKind.REFUND_REQUIRED, AT_MS + 3, reason=cancelled),
+        ]
+    )
+    await ledger.apply([of(3, EventKind.RELEASED, AT_MS + 4, reason=ReleaseReason.EXPIRED)])
+
+    async with ledger.engine.connect() as conn:
+        rows = await conn.execute(
+            select(
+                Order.id, Order.status, Order.paid_at, Order.released_at, Order.release_reason
+            ).where(Order.item_id == item_id)
+        )
+        orders = {row.id: tuple(row)[1:] for row in rows}
+    assert orders == {
+        1: ("paid", ms_to_datetime(AT_MS + 1), None, None),
+        2: ("refund_required", None, ms_to_datetime(AT_MS + 2), "cancelled"),
+        3: ("released", None, ms_to_datetime(AT_MS + 4), "expired"),
+    }
+    assert await ledger.stock(item_id) == Stock(total=10, available=9, held=0, sold=1)

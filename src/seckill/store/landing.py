@@ -24,7 +24,9 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    DateTime,
     Dialect,
+    String,
     Table,
     and_,
     bindparam,
@@ -37,6 +39,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Update
 
 from seckill.domain.events import TRANSFERS, AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.domain.orders import RELEASED_STATUSES, Moves, OrderStatus, transition
@@ -59,7 +62,7 @@ async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
         # `loaded` events, which have none) can have landed before: a fresh backlog skips the
         # journal look-up.
         maybe_seen = [e for e in unique if e.order_id is None or e.order_id in orders]
-        seen = await _seen(conn, maybe_seen)
+        seen = await _seen(conn, bulk, maybe_seen)
         fresh = [e for e in unique if (e.item_id, e.shard, e.event_id) not in seen]
         if not fresh:
             return 0
@@ -99,6 +102,26 @@ class _NewOrder(_OrderState):
     released_at: Any = None
 
 
+@dataclass(slots=True)
+class _Advance:
+    """An order on record that the batch moves forward: from the status it was locked in to the
+    last one the batch's events lead to, in one step. Each time and the reason are set once
+    (a refund after the release keeps the release's), so the first of the batch counts."""
+
+    order_id: int
+    from_status: OrderStatus
+    status: OrderStatus
+    paid_at: Any = None
+    released_at: Any = None
+    release_reason: str | None = None
+
+    def row(self) -> tuple[Any, ...]:
+        return (
+            self.order_id, self.from_status.value, self.status.value, self.paid_at,
+            self.released_at, self.release_reason,
+        )  # fmt: skip
+
+
 _JOURNAL_COLUMNS = (
     "item_id", "shard", "event_id", "event", "order_id", "quantity", "reason", "transfer_id",
     "at", "available_delta", "held_delta", "sold_delta",
@@ -109,17 +132,24 @@ _ORDER_COLUMNS = (
 )  # fmt: skip
 
 
-async def _seen(conn: AsyncConnection, events: Sequence[StockEvent]) -> set[tuple[int, int, str]]:
-    if not events:
-        return set()
-    rows = await conn.execute(
-        select(StockFlow.item_id, StockFlow.shard, StockFlow.event_id).where(
-            tuple_(StockFlow.item_id, StockFlow.shard, StockFlow.event_id).in_(
-                [(e.item_id, e.shard, e.event_id) for e in events]
-            )
-        )
-    )
-    return {(r.item_id, r.shard, r.event_id) for r in rows}
+async def _seen(
+    conn: AsyncConnection, bulk: Bulk, events: Sequence[StockEvent]
+) -> set[tuple[int, int, str]]:
+    """Which of ``events`` the journal holds already. Those of an order are found through their
+    order's id (indexed); the few of none (`loaded`, transfers) by their own key. (A thousand
+    keys of three columns each in one IN took PostgreSQL over a second.)"""
+    key = (StockFlow.item_id, StockFlow.shard, StockFlow.event_id)
+    order_ids = sorted({e.order_id for e in events if e.order_id})
+    orderless = [(e.item_id, e.shard, e.event_id) for e in events if e.order_id is None]
+    seen: set[tuple[int, int, str]] = set()
+    for condition in (
+        bulk.one_of(StockFlow.order_id.expression, order_ids) if order_ids else None,
+        tuple_(*key).in_(orderless) if orderless else None,
+    ):
+        if condition is not None:
+            rows = await conn.execute(select(*key).where(condition))
+            seen.update((r.item_id, r.shard, r.event_id) for r in rows)
+    return seen
 
 
 async def _lock_orders(conn: AsyncConnection, bulk: Bulk, ids: set[int]) -> dict[int, _OrderState]:
@@ -154,7 +184,7 @@ class _Plan:
         self.db_time = db_time
         self.journal: list[tuple[Any, ...]] = []
         self.born: dict[int, _NewOrder] = {}
-        self.updates: list[dict[str, Any]] = []
+        self.advances: dict[int, _Advance] = {}
         self.stock: dict[int, list[int]] = {}  # item -> available, held, sold
         self.loads: dict[int, StockEvent] = {}
         self.now = datetime.now(UTC)
@@ -239,19 +269,17 @@ class _Plan:
                 current.released_at = self.moment(event.at_ms)
             current.release_reason = current.release_reason or reason
         else:
-            at = ms_to_datetime(event.at_ms)
-            self.updates.append(
-                {
-                    "b_id": event.order_id,
-                    "b_from": current.status.value,
-                    "b_status": new_status.value,
-                    "b_paid_at": at if new_status is OrderStatus.PAID else None,
-                    "b_released_at": at if new_status in RELEASED_STATUSES else None,
-                    "b_reason": reason,
-                    "b_now": self.now,
-                }
-            )
-            current.status = new_status
+            advance = self.advances.get(event.order_id)
+            if advance is None:
+                advance = self.advances[event.order_id] = _Advance(
+                    event.order_id, current.status, new_status
+                )
+            advance.status = current.status = new_status
+            if new_status is OrderStatus.PAID and advance.paid_at is None:
+                advance.paid_at = self.moment(event.at_ms)
+            elif new_status in RELEASED_STATUSES and advance.released_at is None:
+                advance.released_at = self.moment(event.at_ms)
+            advance.release_reason = advance.release_reason or reason
         return moves
 
     def order_rows(self) -> list[tuple[Any, ...]]:
@@ -271,11 +299,15 @@ class _Plan:
         await bulk.insert(conn, _STOCK_FLOW, _JOURNAL_COLUMNS, self.journal)
         if self.born:
             await bulk.insert(conn, _ORDERS, _ORDER_COLUMNS, self.order_rows())
-        for row in self.updates:
-            # One row at a time: each is guarded by the status it moves from.
-            result = await conn.execute(_ADVANCE_ORDER, row)
-            if result.rowcount != 1:
-                raise BadEvent(f"order {row['b_id']} was not {row['b_from']} when it moved")
+        if self.advances:
+            # In id order, like the locks; each row is guarded by the status it moves from.
+            rows = [self.advances[i].row() for i in sorted(self.advances)]
+            moved = await bulk.advance(conn, rows, self.db_time(self.now))
+            if moved != len(rows):
+                raise BadEvent(
+                    f"{len(rows) - moved} of orders {sorted(self.advances)} were not in the "
+                    "status they moved from"
+                )
         for item_id, (available, held, sold) in self.stock.items():
             if available or held or sold:
                 await _move_stock(conn, item_id, available, held, sold)
@@ -300,6 +332,8 @@ class _Plan:
 _STOCK_FLOW: Table = StockFlow.__table__  # type: ignore[assignment]
 _ORDERS: Table = Order.__table__  # type: ignore[assignment]
 
+# An order moving forward: the values of `_Advance.row`, and the time of the move.
+_ADVANCE_PARAMETERS = ("b_id", "b_from", "b_status", "b_paid_at", "b_released_at", "b_reason")
 _ADVANCE_ORDER = (
     update(Order)
     .where(and_(Order.id == bindparam("b_id"), Order.status == bindparam("b_from")))
@@ -317,6 +351,35 @@ _ADVANCE_ORDER = (
         updated_at=bindparam("b_now"),
     )
 )
+
+
+def _advance_from_arrays() -> Update:
+    """`_ADVANCE_ORDER` for every row at once on PostgreSQL: its parameters as arrays."""
+    array_types = (BigInteger, String, String, DateTime, DateTime, String)
+    moves = (
+        func.unnest(
+            *(
+                bindparam(name, type_=ARRAY(t))
+                for name, t in zip(_ADVANCE_PARAMETERS, array_types, strict=True)
+            )
+        )
+        .table_valued("id", "from_status", "status", "paid_at", "released_at", "reason")
+        .render_derived(name="moves")
+    )
+    return (
+        update(Order)
+        .where(Order.id == moves.c.id, Order.status == moves.c.from_status)
+        .values(
+            status=moves.c.status,
+            paid_at=func.coalesce(Order.paid_at, moves.c.paid_at),
+            released_at=func.coalesce(Order.released_at, moves.c.released_at),
+            release_reason=func.coalesce(Order.release_reason, moves.c.reason),
+            updated_at=bindparam("b_now", type_=DateTime()),
+        )
+    )
+
+
+_ADVANCE_FROM_ARRAYS = _advance_from_arrays()
 
 
 async def _move_stock(
@@ -351,10 +414,10 @@ async def _move_stock(
 
 
 class Bulk:
-    """Any backend (SQLite): ``IN (...)`` with the ids written out, and SQLAlchemy's
-    executemany, with the column types' own processing."""
+    """Any backend (SQLite): ``IN (...)`` with the ids written out, SQLAlchemy's executemany
+    with the column types' own processing, one UPDATE per order moved."""
 
-    def one_of(self, column: ColumnElement[int], ids: list[int]) -> ColumnElement[bool]:
+    def one_of(self, column: ColumnElement[Any], ids: list[int]) -> ColumnElement[bool]:
         """``column`` is one of ``ids``: whole numbers, safe to write into the statement, which
         is cheaper than a thousand bound parameters."""
         return column.in_(bindparam("ids", ids, literal_execute=True))
@@ -373,13 +436,24 @@ class Bulk:
         """Insert ``rows``, tuples of ``columns``' values, into ``table``."""
         await conn.execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
 
+    async def advance(
+        self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
+    ) -> int:
+        """Move orders on record forward (``rows`` as ``_Advance.row`` makes them), each only
+        from the status it names; returns how many moved."""
+        moved = 0
+        for row in rows:  # one statement each, counted by every driver
+            parameters = dict(zip(_ADVANCE_PARAMETERS, row, strict=True))
+            moved += (await conn.execute(_ADVANCE_ORDER, {**parameters, "b_now": now})).rowcount
+        return moved
+
 
 class PostgresBulk(Bulk):
     """PostgreSQL through asyncpg: ids as one array parameter, rows by ``COPY ... FROM STDIN``
-    in the binary format, which beats executemany and ``INSERT ... SELECT FROM unnest(...)``
-    here."""
+    in the binary format (which beats executemany and ``INSERT ... SELECT FROM unnest(...)``
+    here), orders moved by one ``UPDATE ... FROM unnest(...)``."""
 
-    def one_of(self, column: ColumnElement[int], ids: list[int]) -> ColumnElement[bool]:
+    def one_of(self, column: ColumnElement[Any], ids: list[int]) -> ColumnElement[bool]:
         # `IN (SELECT unnest($1))`, which plans without looking at the ids: `= ANY($1)`, planned
         # afresh for batches of 500, took 15 to 50 ms as the orders grew to 10,000 (executing
         # in under 3), against about 3 for this.
@@ -400,12 +474,23 @@ class PostgresBulk(Bulk):
                 raise RuntimeError("COPY outside the batch's transaction")
             await driver.copy_records_to_table(table.name, records=rows, columns=list(columns))
 
+    async def advance(
+        self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
+    ) -> int:
+        columns = zip(*rows, strict=True)
+        parameters = {
+            name: list(values) for name, values in zip(_ADVANCE_PARAMETERS, columns, strict=True)
+        }
+        result = await conn.execute(_ADVANCE_FROM_ARRAYS, {**parameters, "b_now": now})
+        return result.rowcount
+
 
 class MariaDBBulk(Bulk):
     """MariaDB through asyncmy: one prepared INSERT bound to every row at once
     (``COM_STMT_BULK_EXECUTE``: binary values, one round trip), as fast here as a multi-row
     INSERT built beforehand, and twice asyncmy's executemany (which escapes every value into one
-    such INSERT). MySQL lacks the command: it keeps SQLAlchemy's executemany."""
+    such INSERT); orders moved likewise, by one UPDATE bound to each. MySQL lacks the command:
+    it keeps SQLAlchemy's ways."""
 
     def db_time(self, moment: datetime) -> Any:
         return moment.replace(tzinfo=None)  # UTC, as UTCDateTime stores it
@@ -433,9 +518,42 @@ class MariaDBBulk(Bulk):
             finally:
                 await prepared.close()
 
+    async def advance(
+        self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
+    ) -> int:
+        ids, froms, statuses, *once_values = zip(*rows, strict=True)
+        # A time or reason NULL in every row is left out, as in `insert`: COALESCE(x, NULL) is x.
+        once = [
+            (name, values)
+            for name, values in zip(
+                ("paid_at", "released_at", "release_reason"), once_values, strict=True
+            )
+            if values.count(None) < len(values)
+        ]
+        quote = conn.dialect.identifier_preparer.quote
+        assignments = [
+            f"{quote('status')} = ?",
+            *(f"{quote(name)} = COALESCE({quote(name)}, ?)" for name, _ in once),
+            f"{quote('updated_at')} = ?",
+        ]
+        statement = (
+            f"UPDATE {quote(_ORDERS.name)} SET {', '.join(assignments)} "
+            f"WHERE {quote('id')} = ? AND {quote('status')} = ?"
+        )
+        parameters = zip(
+            statuses, *(values for _, values in once), [now] * len(rows), ids, froms, strict=True
+        )
+        async with _driver_connection(conn, statement) as driver:
+            prepared = await driver.prepare(statement)
+            try:
+                result = await prepared.execute_bulk(list(parameters))
+            finally:
+                await prepared.close()
+        return int(result.affected_rows)  # rows matched: SQLAlchemy connects with FOUND_ROWS
+
 
 def bulk_for(dialect: Dialect) -> Bulk:
-    """The fastest way measured to insert many rows through ``dialect``'s driver."""
+    """The fastest ways measured through ``dialect``'s driver."""
     if dialect.driver == "asyncpg":
         return PostgresBulk()
     if dialect.driver == "asyncmy" and getattr(dialect, "is_mariadb", False):
