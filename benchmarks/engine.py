@@ -31,6 +31,7 @@ import csv
 import io
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -367,8 +368,17 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> dict[str, An
         if run is not None:
             print(f"  {name + ':':<24}{run.calls_per_s:>9,.0f} calls/s (redis-benchmark)")
             print(f"        {run.cost}")
+    # Back to back, a round's two runs share whatever else the machine was doing.
+    per_round = [
+        now.calls_per_s / before.calls_per_s
+        for before, now in zip(before_runs, now_runs, strict=True)
+    ]
     if speedup is not None:
-        print(f"  speedup {speedup:.2f} (today's script / the previous one)")
+        print(
+            f"  speedup {speedup:.2f} (today's script / the previous one, best against best); "
+            f"per round {' '.join(f'{r:.2f}' for r in per_round)}, "
+            f"median {statistics.median(per_round):.2f}"
+        )
     print(
         f"  {'RedisEngine.reserve:':<24}{best_engine.reservations_per_s:>9,.0f} reservations/s "
         "(pipeliner, uvloop), all reserved, stock balanced"
@@ -381,6 +391,7 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> dict[str, An
         "redis_benchmark_per_s": None if best_now is None else best_now.calls_per_s,
         "before_per_s": None if best_before is None else best_before.calls_per_s,
         "speedup": None if speedup is None else round(speedup, 3),
+        "speedup_median_of_rounds": round(statistics.median(per_round), 3) if per_round else None,
         "ratio": None if ratio is None else round(ratio, 3),
         "redis_cpu_us_per_call": None if best_now is None else round(best_now.cost.cpu_us, 1),
         "before_redis_cpu_us_per_call": (
