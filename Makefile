@@ -30,7 +30,7 @@ test: system-deps lint
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine
 
-bench-drain: $(STAMP)  # needs a MariaDB: SECKILL_TEST_MARIADB_URL, default root@127.0.0.1:3306
+bench-drain: $(STAMP)  # MariaDB and PostgreSQL: SECKILL_TEST_MARIADB_URL, SECKILL_TEST_POSTGRES_URL
 	$(BIN)/python -m benchmarks.drain
 
 bench-durability: $(STAMP)  # starts its own primaries and a replica on free ports
