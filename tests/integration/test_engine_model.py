@@ -143,7 +143,7 @@ class ItemModel:
         self.journal.append(("released", str(hold.order_id), reason.value))
 
     def pay(self, hold: Hold, now: int) -> HoldTransition:
-        """A payment succeeded (confirm and a succeeded notice): pay_hold of _common.lua."""
+        """A payment succeeded (confirm and a succeeded notice): pay_hold of _holds.lua."""
         if hold.state is HoldState.PAID:
             return HoldTransition(Outcome.ALREADY_PAID)
         if hold.state is HoldState.HELD and now >= hold.deadline_ms:
