@@ -448,7 +448,14 @@ class Bulk:
         return moved
 
 
-class PostgresBulk(Bulk):
+class _DriverValues(Bulk):
+    """The ways that hand values to the driver itself, past SQLAlchemy's column types."""
+
+    def db_time(self, moment: datetime) -> Any:
+        return moment.replace(tzinfo=None)  # UTC, as UTCDateTime stores it
+
+
+class PostgresBulk(_DriverValues):
     """PostgreSQL through asyncpg: ids as one array parameter, rows by ``COPY ... FROM STDIN``
     in the binary format (which beats executemany and ``INSERT ... SELECT FROM unnest(...)``
     here), orders moved by one ``UPDATE ... FROM unnest(...)``."""
@@ -458,9 +465,6 @@ class PostgresBulk(Bulk):
         # afresh for batches of 500, took 15 to 50 ms as the orders grew to 10,000 (executing
         # in under 3), against about 3 for this.
         return column.in_(select(func.unnest(bindparam("ids", ids, type_=ARRAY(BigInteger)))))
-
-    def db_time(self, moment: datetime) -> Any:
-        return moment.replace(tzinfo=None)  # UTC, as UTCDateTime stores it
 
     async def insert(
         self,
@@ -485,15 +489,12 @@ class PostgresBulk(Bulk):
         return result.rowcount
 
 
-class MariaDBBulk(Bulk):
+class MariaDBBulk(_DriverValues):
     """MariaDB through asyncmy: one prepared INSERT bound to every row at once
     (``COM_STMT_BULK_EXECUTE``: binary values, one round trip), as fast here as a multi-row
     INSERT built beforehand, and twice asyncmy's executemany (which escapes every value into one
     such INSERT); orders moved likewise, by one UPDATE bound to each. MySQL lacks the command:
     it keeps SQLAlchemy's ways."""
-
-    def db_time(self, moment: datetime) -> Any:
-        return moment.replace(tzinfo=None)  # UTC, as UTCDateTime stores it
 
     async def insert(
         self,
