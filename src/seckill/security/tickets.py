@@ -16,8 +16,8 @@ Format (ASCII, at most ``MAX_TICKET_LEN`` characters)::
 - ``mac``: lowercase hex HMAC-SHA256, keyed with the ticket secret, of everything before the
   last dot (``v1.<item id>.<buyer>.<expires at>``).
 
-Checking a ticket needs only the key: no Redis round trip, no state. The MAC is compared in
-constant time, before any field is trusted. A ticket is not spent by a purchase: it may be sent
+Checking a ticket needs only the key: no Redis round trip, no state (see
+``seckill.security.signed``). A ticket is not spent by a purchase: it may be sent
 with several attempts (retries, a larger quantity after a refusal) until it expires; the
 ``Idempotency-Key`` still makes each purchase happen once. Expiry is read from the checking
 process's clock: API hosts whose clocks differ shift a ticket's life by that difference, which
@@ -26,28 +26,22 @@ NTP keeps far below a ticket's lifetime.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
 import re
 from dataclasses import dataclass
 
 from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
 from seckill.security.generated import generated_secret
+from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer
 
 TICKET_HEADER = "Seckill-Ticket"
 VERSION = "v1"
 # The longest well-formed ticket is about 190 characters (a 64-character buyer); anything much
 # longer is refused before any work is done on it.
 MAX_TICKET_LEN = 256
-# As for HS256 JWTs (RFC 7518 §3.2): a key at least as long as the hash output.
-MIN_KEY_BYTES = 32
 
 # What a ticket says, checked in one match: version, item id, buyer, expiry.
-_PAYLOAD = re.compile(VERSION + r"\.([1-9][0-9]{0,18})\.([A-Za-z0-9_-]{2,88})\.([0-9]{1,15})")
-_MAC = re.compile(r"[0-9a-f]{64}")
+_PAYLOAD = re.compile(VERSION + r"\.([1-9][0-9]{0,18})\.(" + BUYER_FIELD + r")\.([0-9]{1,15})")
 
 
 class BadTicket(Exception):
@@ -68,11 +62,8 @@ class TicketCodec:
     """Mints and checks tickets with one HMAC key."""
 
     def __init__(self, secret: str | bytes) -> None:
-        """Raises ``ValueError`` for a key shorter than ``MIN_KEY_BYTES``."""
-        key = secret.encode() if isinstance(secret, str) else secret
-        if len(key) < MIN_KEY_BYTES:
-            raise ValueError(f"the ticket secret needs at least {MIN_KEY_BYTES} bytes")
-        self._key = key
+        """Raises ``ValueError`` for a key shorter than ``signed.MIN_KEY_BYTES``."""
+        self._signer = Signer(secret, purpose="ticket")
 
     def mint(self, *, item_id: int, buyer: str, expires_at_ms: int) -> str:
         """The ticket text. Raises ``ValueError`` for values a check would refuse to read."""
@@ -82,9 +73,7 @@ class TicketCodec:
             raise ValueError(f"buyer id must be 1 to {MAX_BUYER_LEN} bytes")
         if not 0 <= expires_at_ms < 10**15:
             raise ValueError("expires_at_ms must be Unix milliseconds")
-        encoded = base64.urlsafe_b64encode(buyer.encode()).rstrip(b"=").decode()
-        payload = f"{VERSION}.{item_id}.{encoded}.{expires_at_ms}"
-        return f"{payload}.{self._mac(payload)}"
+        return self._signer.sign(f"{VERSION}.{item_id}.{encode_buyer(buyer)}.{expires_at_ms}")
 
     def read(self, text: str | None) -> Ticket:
         """What an authentic ticket says, expired or not. ``BadTicket`` for anything else, and
@@ -93,21 +82,15 @@ class TicketCodec:
             raise BadTicket(f"a purchase needs a ticket in the {TICKET_HEADER} header")
         if not isinstance(text, str) or len(text) > MAX_TICKET_LEN:
             raise BadTicket("malformed ticket")
-        payload, _, mac = text.rpartition(".")
-        # The MAC first: nothing in a ticket is looked at before we know we wrote it. The regex
-        # keeps non-ASCII text away from compare_digest, which refuses it with TypeError.
-        if not _MAC.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(payload)):
+        payload = self._signer.opened(text, max_len=MAX_TICKET_LEN)
+        if payload is None:
             raise BadTicket("ticket signature does not match")
         # Authentic, so this holds unless the key signed something else; checked all the same.
         fields = _PAYLOAD.fullmatch(payload)
-        if fields is None:
+        name = None if fields is None else decode_buyer(fields.group(2))
+        if fields is None or name is None:
             raise BadTicket("malformed ticket")
-        item, buyer, expires = fields.groups()
-        try:
-            name = base64.urlsafe_b64decode(buyer + "=" * (-len(buyer) % 4)).decode()
-        except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
-            raise BadTicket("malformed ticket") from None
-        return Ticket(item_id=int(item), buyer=name, expires_at_ms=int(expires))
+        return Ticket(item_id=int(fields.group(1)), buyer=name, expires_at_ms=int(fields.group(3)))
 
     def check(self, text: str | None, *, item_id: int, buyer: str, now_ms: int) -> Ticket:
         """The ticket, if it is authentic, unexpired at ``now_ms``, and for this buyer and
@@ -121,13 +104,8 @@ class TicketCodec:
             raise BadTicket("the ticket has expired: ask for a new one")
         return ticket
 
-    def _mac(self, payload: str) -> str:
-        # surrogatepass: header text is Latin-1 decoded by the server, but a caller of read()
-        # may pass any str, lone surrogates included; encoding must not raise.
-        data = payload.encode("utf-8", "surrogatepass")
-        return hmac.digest(self._key, data, hashlib.sha256).hex()  # the one-shot C path
-
 
 def ticket_secret(settings: Settings) -> bytes:
-    """The ticket HMAC key: configured, or generated once into the data directory."""
+    """The HMAC key of tickets and queue passes: configured, or generated once into the data
+    directory."""
     return (settings.ticket_secret or generated_secret(settings.data_dir, "ticket")).encode()
