@@ -126,6 +126,42 @@ class Settings(BaseSettings):
     item_cache_jitter_seconds: int = Field(15, ge=0)
     item_absent_seconds: int = Field(5, ge=1, description="How long an unknown id is cached.")
 
+    # The waiting room (see the README's "Waiting room").
+    waiting_room: bool = Field(
+        False,
+        description="Buyers join an item's queue first: a ticket is given only to those whose "
+        "turn came. `seckill serve` then moves the queues too (else `seckill worker inlet`).",
+    )
+    queue_open_seconds: int = Field(
+        600,
+        ge=0,
+        description="Queues open this long before the sale; joiners before the "
+        "start are placed in a random order at the start.",
+    )
+    queue_admit_per_second: int = Field(
+        200, ge=0, le=1_000_000, description="Positions let in per second (0: no rate cap)."
+    )
+    queue_admit_per_unit: int = Field(
+        2,
+        ge=0,
+        le=1_000_000,
+        description="Positions let in per unit available within one turn (0: no stock cap).",
+    )
+    queue_turn_seconds: int = Field(
+        60,
+        ge=1,
+        description="How long an admission counts against the units available: a "
+        "turn nobody used frees its place for the next in line after it.",
+    )
+    queue_inlet_interval_seconds: float = Field(
+        0.1, gt=0, description="The inlet's tick: how often the queues move."
+    )
+    queue_front_seconds: float = Field(
+        0.5,
+        gt=0,
+        description="How long an API process answers polls from one reading of a queue's front.",
+    )
+
     reaper_interval_seconds: float = Field(
         1.0, gt=0, description="Holds are released at most this long after their deadline."
     )

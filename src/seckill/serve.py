@@ -23,8 +23,10 @@ import uvloop
 
 from seckill.bootstrap import Runtime, open_runtime, settle_heap
 from seckill.config import Settings
+from seckill.engine.queues import Queues
 from seckill.observability.logs import configure_logging
 from seckill.reconcile.reconciler import Reconciler
+from seckill.workers.inlet import Inlet
 from seckill.workers.loop import Worker, run_until_stopped, stop_on_signals
 from seckill.workers.persister import Persister, PersisterConfig
 from seckill.workers.reaper import Reaper
@@ -42,6 +44,7 @@ class WorkerKind(StrEnum):
     PERSISTER = "persister"
     REAPER = "reaper"
     RECONCILER = "reconciler"
+    INLET = "inlet"
 
 
 def build_worker(
@@ -77,6 +80,19 @@ def build_worker(
             repair=settings.reconcile_repair,
         )
         return reconciler, settings.reconcile_interval_seconds
+    if kind is WorkerKind.INLET:
+        settings = runtime.settings
+        inlet = Inlet(
+            queues=Queues(runtime.engine),
+            redis=runtime.redis,
+            scripts=runtime.engine.scripts,
+            prefix=prefix,
+            interval_s=settings.queue_inlet_interval_seconds,
+            rate=settings.queue_admit_per_second,
+            per_unit=settings.queue_admit_per_unit,
+            turn_ms=settings.queue_turn_seconds * 1000,
+        )
+        return inlet, settings.queue_inlet_interval_seconds
     reaper = Reaper(engine=runtime.engine)
     return reaper, runtime.settings.reaper_interval_seconds
 

@@ -8,7 +8,7 @@ import pytest
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, Outcome
-from seckill.engine.scripts import HOLD_SCRIPTS, ITEM_SCRIPTS, LUA_DIR, ScriptName
+from seckill.engine.scripts import HOLD_SCRIPTS, ITEM_SCRIPTS, LUA_DIR, QUEUE_SCRIPTS, ScriptName
 
 # Validated by Python alone: the key's text only reaches Redis inside a key name.
 PYTHON_ONLY_ERRORS = {ErrorCode.INVALID_KEY}
@@ -41,7 +41,8 @@ def body_codes(source: str) -> tuple[set[str], set[str]]:
     return replies, errors
 
 
-HELPER_FILES = ("_common", "_holds")
+HELPER_FILES = ("_common", "_holds", "_queue")
+DECIDING_SCRIPTS = ITEM_SCRIPTS | QUEUE_SCRIPTS  # the ones that reply with outcomes
 
 
 def shared_source() -> str:
@@ -91,7 +92,7 @@ def test_scripts_are_sent_with_the_helpers_they_use() -> None:
         assert not used or name in HOLD_SCRIPTS, f"{name}.lua uses {used} of _holds.lua"
 
 
-@pytest.mark.parametrize("name", sorted(ITEM_SCRIPTS))
+@pytest.mark.parametrize("name", sorted(DECIDING_SCRIPTS))
 def test_each_script_replies_only_what_its_header_declares(name: ScriptName) -> None:
     declared_replies, declared_errors = declared(name)
     used_replies, used_errors = script_codes(name)
@@ -117,7 +118,7 @@ def test_the_shared_refusals_are_declared_codes() -> None:
 def test_declared_codes_equal_the_python_enums() -> None:
     replies: set[str] = set()
     errors: set[str] = set()
-    for name in ITEM_SCRIPTS:
+    for name in DECIDING_SCRIPTS:
         r, e = declared(name)
         replies |= r
         errors |= e

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from seckill import __version__
-from seckill.api import admin, buyers, dashboard, health, metrics, payments, tickets
+from seckill.api import admin, buyers, dashboard, health, metrics, payments, queue, tickets
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.lean_routes import LeanRoutes
@@ -66,7 +66,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (buyers, tickets, admin, payments, health, metrics, dashboard):
+    for module in (buyers, tickets, queue, admin, payments, health, metrics, dashboard):
         app.include_router(module.router)
     # The other routes' layers; the lean routes do the same for themselves.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

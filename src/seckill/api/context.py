@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from seckill.bootstrap import Runtime
+from seckill.engine.queues import Queues
+from seckill.security.passes import PassCodec
 from seckill.security.signatures import payment_secret
 from seckill.security.tickets import TicketCodec, ticket_secret
 from seckill.security.tokens import TokenCodec, token_codec
@@ -14,6 +16,7 @@ from seckill.services.item_cache import ItemCache
 from seckill.services.orders import OrderBook
 from seckill.services.purchases import Purchases
 from seckill.services.tickets import TicketGate, TicketOffice
+from seckill.services.waiting_room import WaitingRoom
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,12 +28,22 @@ class Context:
     tokens: TokenCodec
     payment_secret: bytes
     tickets: TicketOffice
+    waiting_room: WaitingRoom | None  # with SECKILL_WAITING_ROOM
 
     @classmethod
     def build(cls, runtime: Runtime, *, ticket_gate: TicketGate | None = None) -> Context:
-        """``ticket_gate`` stands in front of ticket issuance (a captcha, a waiting room);
-        without one, everyone is admitted."""
+        """``ticket_gate`` stands in front of ticket issuance (a captcha); without one, the
+        waiting room does when the settings ask for it, else everyone is admitted."""
         settings = runtime.settings
+        secret = ticket_secret(settings)
+        waiting_room = None
+        if settings.waiting_room:
+            waiting_room = WaitingRoom(
+                queues=Queues(runtime.engine),
+                codec=PassCodec(secret),
+                open_lead_ms=settings.queue_open_seconds * 1000,
+                front_ttl_ms=int(settings.queue_front_seconds * 1000),
+            )
         return cls(
             runtime=runtime,
             purchases=Purchases(
@@ -46,11 +59,12 @@ class Context:
             payment_secret=payment_secret(settings),
             tickets=TicketOffice(
                 engine=runtime.engine,
-                codec=TicketCodec(ticket_secret(settings)),
-                gate=ticket_gate,
+                codec=TicketCodec(secret),
+                gate=ticket_gate or waiting_room,
                 ttl_ms=settings.ticket_ttl_seconds * 1000,
                 lead_ms=settings.ticket_lead_seconds * 1000,
             ),
+            waiting_room=waiting_room,
         )
 
 

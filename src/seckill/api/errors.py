@@ -25,6 +25,7 @@ from seckill.domain.ids import WorkerIdLost
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.cluster import SLOT_UNAVAILABLE
 from seckill.engine.scripts import NotDurable
+from seckill.security.passes import BadPass
 from seckill.security.signatures import BadSignature
 from seckill.security.tickets import BadTicket
 from seckill.security.tokens import InvalidToken
@@ -122,6 +123,8 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(401, "invalid_signature", str(exc))
         case BadTicket():
             return ApiError(403, "invalid_ticket", str(exc))
+        case BadPass():
+            return ApiError(403, "invalid_pass", str(exc))
         case SaleClosed():
             return ApiError(403, exc.outcome.value, str(exc))
         case GateRefused():
@@ -150,8 +153,8 @@ def answer_for(exc: Exception) -> ApiError | None:
 # Every exception type answer_for knows (subclasses included), for the framework's handlers.
 ANSWERED: tuple[type[Exception], ...] = (
     ApiError, InvalidRequest, UnknownItem, OrderNotFound, RequestInFlight, InvalidToken,
-    BadSignature, BadTicket, SaleClosed, GateRefused, RedisConnectionError, RedisTimeoutError,
-    NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,
+    BadSignature, BadTicket, BadPass, SaleClosed, GateRefused, RedisConnectionError,
+    RedisTimeoutError, NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,
 )  # fmt: skip
 
 

@@ -7,6 +7,8 @@ each of these cost several times its own work, so they are served here as plain 
 * ``GET /api/v1/items/{item_id}``: the item as buyers see it (the cache in front of SQL, the
   units left read live);
 * ``POST /api/v1/items/{item_id}/tickets``: a purchase ticket for the caller;
+* ``POST`` and ``GET /api/v1/items/{item_id}/queue``: join the waiting room, and ask where one
+  stands (with ``SECKILL_WAITING_ROOM``; else 404 ``no_waiting_room``);
 * ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: admission (beyond
   ``admission_max_in_flight`` purchases in flight, 503 ``overloaded`` at once); the body's size
   (413 before it is read whole); the bearer token (401, 403 for an admin's); the item id and the
@@ -18,8 +20,9 @@ Each request gets what the framework's layers give the other routes, from the sa
 request id (``seckill.api.request_ids``), the body limit and the JSON answer
 (``seckill.api.responses``), the answers to errors (``seckill.api.errors``), the metrics
 (``seckill.api.metrics``). Every route stays declared for the OpenAPI schema (in
-``seckill.api.buyers`` and ``seckill.api.tickets``), and the schema tests hold the answers given
-here to it. Anything else (another method, a trailing slash) goes on to the framework.
+``seckill.api.buyers``, ``seckill.api.tickets`` and ``seckill.api.queue``), and the schema tests
+hold the answers given here to it. Anything else (another method, a trailing slash) goes on to
+the framework.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from seckill.api.buyers import item_out
 from seckill.api.context import Context
 from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal, validation_message
 from seckill.api.metrics import record_request
-from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, TICKET_ROUTE, route_pattern
+from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, QUEUE_ROUTE, TICKET_ROUTE, route_pattern
+from seckill.api.queue import standing_out
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
 from seckill.api.request_ids import request_id_from
 from seckill.api.responses import (
@@ -58,15 +62,20 @@ from seckill.domain.rules import MAX_ID
 from seckill.domain.times import ms_to_datetime
 from seckill.observability import metrics
 from seckill.observability.logs import REQUEST_ID
+from seckill.security.passes import PASS_HEADER
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role
 from seckill.services.items import item_on_sale
+from seckill.services.waiting_room import WaitingRoom
 
 log = logging.getLogger(__name__)
 
 # ASCII digits, no more of them than the largest id has: int() never parses a long string.
 _ITEM_ID = re.compile(f"[0-9]{{1,{len(str(MAX_ID))}}}")
 _TICKET = TICKET_HEADER.lower().encode()
+_PASS = PASS_HEADER.lower().encode()
+# A standing may be a second old anyway (each process reads a queue's front once for all).
+_CACHE_A_SECOND = [(b"cache-control", b"private, max-age=1")]
 _NO_BODY = BuyIn()
 
 
@@ -126,6 +135,8 @@ class LeanRoutes:
             LeanRoute("POST", PURCHASE_ROUTE, buy, admitted=True, takes_body=True),
             LeanRoute("POST", TICKET_ROUTE, issue_ticket),
             LeanRoute("GET", ITEM_ROUTE, read_item),
+            LeanRoute("POST", QUEUE_ROUTE, join_queue),
+            LeanRoute("GET", QUEUE_ROUTE, queue_standing),
         ]
 
     def route_of(self, scope: Scope) -> LeanRoute | None:
@@ -198,6 +209,25 @@ async def issue_ticket(ctx: Context, request: Request) -> Answer:
     buyer = _caller(ctx, request.headers, Role.BUYER)
     text, ticket = await ctx.tickets.issue(request.item_id, buyer=buyer)
     return Answer(200, ticket_out(text, ticket).model_dump_json().encode(), "200", [])
+
+
+async def join_queue(ctx: Context, request: Request) -> Answer:
+    buyer = _caller(ctx, request.headers, Role.BUYER)
+    found = await _waiting_room(ctx).join(request.item_id, buyer)
+    return Answer(200, standing_out(found).model_dump_json().encode(), "200", [])
+
+
+async def queue_standing(ctx: Context, request: Request) -> Answer:
+    buyer = _caller(ctx, request.headers, Role.BUYER)
+    queue_pass = _text(request.headers.get(_PASS))
+    found = await _waiting_room(ctx).standing(request.item_id, buyer, queue_pass)
+    return Answer(200, standing_out(found).model_dump_json().encode(), "200", _CACHE_A_SECOND)
+
+
+def _waiting_room(ctx: Context) -> WaitingRoom:
+    if ctx.waiting_room is None:
+        raise ApiError(404, "no_waiting_room", "this server runs no waiting room: take a ticket")
+    return ctx.waiting_room
 
 
 async def buy(ctx: Context, request: Request) -> Answer:

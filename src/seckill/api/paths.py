@@ -2,9 +2,9 @@
 
 The lean routes' paths (``seckill.api.lean_routes``) are matched there, in the metrics (naming
 the route of a request answered before routing) and in the benchmarks' admission middleware, and
-declared for the OpenAPI schema in ``seckill.api.buyers`` and ``seckill.api.tickets``; all of
-them read them from here. Item ids are bounded by the domain's rule
-(``seckill.domain.rules.MAX_ID``: they fit a signed 64-bit SQL column), never restated.
+declared for the OpenAPI schema in ``seckill.api.buyers``, ``seckill.api.tickets`` and
+``seckill.api.queue``; all of them read them from here. Item ids are bounded by the domain's
+rule (``seckill.domain.rules.MAX_ID``: they fit a signed 64-bit SQL column), never restated.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from seckill.domain.rules import MAX_ID
 ITEM_ROUTE = "/api/v1/items/{item_id}"
 TICKET_ROUTE = "/api/v1/items/{item_id}/tickets"
 PURCHASE_ROUTE = "/api/v1/items/{item_id}/orders"
+QUEUE_ROUTE = "/api/v1/items/{item_id}/queue"
 """The routes' templates: their names in the schema and in the metrics' ``route`` label."""
 
 

@@ -42,9 +42,11 @@ _PORT = typer.Option(None, min=0, max=65535, help=f"Port ({setting_default('api_
 
 @commands.command()
 def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
-    """Run the API and all workers (persister, reaper, reconciler) in one process until SIGTERM."""
+    """Run the API and all workers (persister, reaper, reconciler, and the inlet with
+    SECKILL_WAITING_ROOM) in one process until SIGTERM."""
     settings = overridden(start_process(), api_host=host, api_port=port)
-    _run(settings, api=True, workers=("persister", "reaper", "reconciler"))
+    inlet = ("inlet",) if settings.waiting_room else ()
+    _run(settings, api=True, workers=("persister", "reaper", "reconciler", *inlet))
 
 
 class ApiServer(StrEnum):
@@ -142,6 +144,23 @@ def worker_reconciler(
         start_process(), reconcile_interval_seconds=interval, reconcile_repair=repair
     )
     _run(settings, api=False, workers=("reconciler",))
+
+
+@worker_commands.command("inlet")
+def worker_inlet(
+    interval: float | None = typer.Option(
+        None,
+        min=0.01,
+        help=f"Seconds between steps ({setting_default('queue_inlet_interval_seconds')}).",
+    ),
+) -> None:
+    """Let the next buyers of every waiting room in, each interval, until SIGTERM.
+
+    The pace is SECKILL_QUEUE_ADMIT_PER_SECOND and SECKILL_QUEUE_ADMIT_PER_UNIT. Replicas are
+    safe: one holds the upkeep lock and steps.
+    """
+    settings = overridden(start_process(), queue_inlet_interval_seconds=interval)
+    _run(settings, api=False, workers=("inlet",))
 
 
 @commands.command("dev-cluster")

@@ -38,6 +38,12 @@ class Outcome(StrEnum):
     # recount / recover (the reconciler's repairs)
     RECOUNTED = "recounted"
     RECOVERED = "recovered"
+    # queue_join / queue_place / queue_advance (the waiting room)
+    QUEUED = "queued"
+    ALREADY_QUEUED = "already_queued"
+    PLACED = "placed"
+    NOT_QUEUED = "not_queued"
+    ADVANCED = "advanced"
 
 
 class ErrorCode(StrEnum):
@@ -67,6 +73,8 @@ class ErrorCode(StrEnum):
     INVALID_RECOVERY = "invalid_recovery"
     INVALID_TRANSFER = "invalid_transfer"
     STOCK_SHARDS_FIXED = "stock_shards_fixed"
+    INVALID_DRAW = "invalid_draw"
+    INVALID_ADMISSION = "invalid_admission"
 
 
 class InvalidRequest(ValueError):

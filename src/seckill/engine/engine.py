@@ -237,7 +237,8 @@ class RedisEngine:
         """How many items the registry holds, without reading them."""
         return int(await self._redis.scard(items_registry(self._prefix)))
 
-    def _now(self) -> str:
+    def now_arg(self) -> str:
+        """The "now" argument of a script: this engine's clock, or "" for Redis TIME."""
         return "" if self._clock is None else str(self._clock())
 
     async def _call(
@@ -251,7 +252,7 @@ class RedisEngine:
         keys = (*self.keys(item_id, shard).all_fixed(), *extra_keys)
         return await self._scripts.call(name, keys, (item_id, *args))
 
-    async def _read(self, *command: Any) -> Any:
+    async def read(self, *command: Any) -> Any:
         """One keyed read, batched with the scripts' calls when there is a pipeliner."""
         pipeliner = self._scripts.pipeliner
         if pipeliner is None:
@@ -294,7 +295,7 @@ class RedisEngine:
             item.per_buyer_limit,
             item.hold_ms,
             "1" if force else "0",
-            self._now(),
+            self.now_arg(),
             item.stock_shards,
             item.total,
             shard=shard,
@@ -335,7 +336,7 @@ class RedisEngine:
         reply = await self._scripts.call(
             ScriptName.RESERVE,
             script_keys,
-            (*args, self._now(), *_reserve_options(self._rate_args, request_id)),
+            (*args, self.now_arg(), *_reserve_options(self._rate_args, request_id)),
         )
         transfer = 0
         while shards > 1 and transfer < TRANSFER_ROUNDS and _OUTCOMES[reply[0]] in _SHORT:
@@ -350,7 +351,7 @@ class RedisEngine:
             reply = await self._scripts.call(
                 ScriptName.RESERVE,
                 script_keys,
-                (*args, self._now(), *_reserve_options(None, request_id)),
+                (*args, self.now_arg(), *_reserve_options(None, request_id)),
             )
         return _reservation(reply)
 
@@ -361,7 +362,7 @@ class RedisEngine:
         they have any; returns the units moved (0: each had none when asked)."""
         others = [shard for shard in range(shards) if shard != to]
         available = await asyncio.gather(
-            *(self._read("HGET", self.keys(item_id, s).item, "available") for s in others)
+            *(self.read("HGET", self.keys(item_id, s).item, "available") for s in others)
         )
         donors = sorted(
             ((int(a), s) for a, s in zip(available, others, strict=True) if a and int(a) > 0),
@@ -387,7 +388,7 @@ class RedisEngine:
         :meth:`deliver_in_transit` (the reaper) delivers them."""
         sent = self.keys(item_id, source)
         reply = await self._call(
-            ScriptName.TRANSFER_OUT, item_id, transfer_id, to, need, self._now(),
+            ScriptName.TRANSFER_OUT, item_id, transfer_id, to, need, self.now_arg(),
             extra_keys=(sent.transfers, sent.in_transit), shard=source,
         )  # fmt: skip
         if Outcome(reply[0]) not in (Outcome.TRANSFERRED, Outcome.REPLAY):
@@ -400,7 +401,7 @@ class RedisEngine:
         self, item_id: int, *, source: int, to: int, transfer_id: str, units: int
     ) -> None:
         await self._call(
-            ScriptName.TRANSFER_IN, item_id, transfer_id, source, units, self._now(),
+            ScriptName.TRANSFER_IN, item_id, transfer_id, source, units, self.now_arg(),
             extra_keys=(self.keys(item_id, to).transfers,), shard=to,
         )  # fmt: skip
         await self._redis.zrem(self.keys(item_id, source).in_transit, transfer_id)
@@ -440,7 +441,7 @@ class RedisEngine:
         rules.check_idempotency_key(idempotency_key)
         home = home_shard(buyer, await self._shard_counts.of(item_id))
         # It runs on every request for a sold-out item: batched like the scripts.
-        raw = await self._read("GET", self.keys(item_id, home).idempotency(buyer, idempotency_key))
+        raw = await self.read("GET", self.keys(item_id, home).idempotency(buyer, idempotency_key))
         if raw is None:
             return None
         first = json.loads(raw)
@@ -461,7 +462,7 @@ class RedisEngine:
         rules.check_order_id(order_id)
         shard = await self.order_shard(item_id, order_id)
         return _transition(
-            await self._call(ScriptName.CONFIRM, item_id, order_id, self._now(), shard=shard)
+            await self._call(ScriptName.CONFIRM, item_id, order_id, self.now_arg(), shard=shard)
         )
 
     async def release(self, item_id: int, order_id: int, reason: ReleaseReason) -> HoldTransition:
@@ -472,7 +473,7 @@ class RedisEngine:
         shard = await self.order_shard(item_id, order_id)
         return _transition(
             await self._call(
-                ScriptName.RELEASE, item_id, order_id, reason.value, self._now(), shard=shard
+                ScriptName.RELEASE, item_id, order_id, reason.value, self.now_arg(), shard=shard
             )
         )
 
@@ -497,7 +498,7 @@ class RedisEngine:
             order_id,
             payment_id,
             "succeeded" if succeeded else "failed",
-            self._now(),
+            self.now_arg(),
             extra_keys=(self.keys(item_id, shard).payments,),
             shard=shard,
         )
@@ -510,7 +511,7 @@ class RedisEngine:
         ids."""
         rules.check_item_id(item_id)
         rules.check_batch(limit)
-        reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self._now(), limit, shard=shard)
+        reply = await self._call(ScriptName.EXPIRE_DUE, item_id, self.now_arg(), limit, shard=shard)
         return [int(order_id) for order_id in reply]
 
     async def order_shard(self, item_id: int, order_id: int) -> int:
@@ -520,7 +521,7 @@ class RedisEngine:
         if shards == 1:
             return 0
         found = await asyncio.gather(
-            *(self._read("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
+            *(self.read("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
         )
         return next((s for s in range(shards) if found[s]), 0)
 
@@ -532,7 +533,7 @@ class RedisEngine:
             return 0
         seen = await asyncio.gather(
             *(
-                self._read("HEXISTS", self.keys(item_id, s).payments, payment_id)
+                self.read("HEXISTS", self.keys(item_id, s).payments, payment_id)
                 for s in range(shards)
             )
         )
@@ -561,7 +562,7 @@ class RedisEngine:
                     for value in (order_id, in_sql or "")
                 ]
                 reply = await self._call(
-                    ScriptName.REPLAY_HOLDS, item_id, self._now(), *args, shard=shard
+                    ScriptName.REPLAY_HOLDS, item_id, self.now_arg(), *args, shard=shard
                 )
                 replayed += [int(order_id) for order_id in reply]
         return replayed
@@ -588,7 +589,7 @@ class RedisEngine:
             item.ends_at_ms,
             item.per_buyer_limit,
             item.hold_ms,
-            self._now(),
+            self.now_arg(),
             last_landed_id,
             json.dumps([list(order) for order in orders]),
         )
@@ -603,7 +604,7 @@ class RedisEngine:
         # Through the pipeliner: every ticket asks (the ticket office's window check).
         raw = cast(
             list[str | None],
-            await self._read(
+            await self.read(
                 "HMGET", self.keys(item_id).item, *_ITEM_FIELDS, "shards", "item_total"
             ),
         )
@@ -634,7 +635,7 @@ class RedisEngine:
         """Units left, for a buyer's eyes: one read per shard, no transfer records, so units in
         transit between two shards (for one round trip) are not counted. None: not loaded."""
         counts = await asyncio.gather(
-            *(self._read("HGET", keys.item, "available") for keys in await self.shard_keys(item_id))
+            *(self.read("HGET", keys.item, "available") for keys in await self.shard_keys(item_id))
         )
         if any(count is None for count in counts):
             return None

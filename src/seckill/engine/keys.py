@@ -91,6 +91,41 @@ def items_registry(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:items"
 
 
+@dataclass(frozen=True, slots=True)
+class QueueKeys:
+    """An item's waiting room, in the item's own slot (beside its head, where the sale window is
+    read from)."""
+
+    item: str  # the item's head: starts_at_ms, ends_at_ms
+    # hash: sealed (how many joined before the start, fixed at the start), late (how many since),
+    # admitted (the highest position let in), last_ms and credit (the inlet's rate bookkeeping)
+    queue: str
+    early: str  # sorted set: buyers who joined before the start, scored by a random draw
+    late: str  # hash: buyer who joined after the start -> "<position>:<joined at ms>"
+    admissions: str  # stream: one entry per advance, {upto}: its id's time is when
+
+    def all(self) -> tuple[str, ...]:
+        """Every key of the queue, in the order the queue scripts take them."""
+        return (self.item, self.queue, self.early, self.late, self.admissions)
+
+
+@lru_cache(maxsize=4096)
+def queue_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> QueueKeys:
+    base = item_keys(item_id, prefix).item
+    return QueueKeys(
+        item=base,
+        queue=f"{base}:queue",
+        early=f"{base}:queue:early",
+        late=f"{base}:queue:late",
+        admissions=f"{base}:queue:admissions",
+    )
+
+
+def queues_registry(prefix: str = DEFAULT_PREFIX) -> str:
+    """A set of the item ids whose waiting room someone joined: what the inlet advances."""
+    return f"{prefix}:queues"
+
+
 def upkeep_lock_key(job: str, prefix: str = DEFAULT_PREFIX) -> str:
     """String (an owner token, PX): held by the one process doing ``job`` (the reconciler)."""
     return f"{prefix}:upkeep:{job}"

@@ -50,6 +50,9 @@ class ScriptName(StrEnum):
     TRANSFER_IN = "transfer_in"
     RENEW_LEASE = "renew_lease"
     DROP_LEASE = "drop_lease"
+    QUEUE_JOIN = "queue_join"
+    QUEUE_PLACE = "queue_place"
+    QUEUE_ADVANCE = "queue_advance"
 
 
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
@@ -65,6 +68,10 @@ HOLD_SCRIPTS = frozenset(
     {ScriptName.CONFIRM, ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE,
      ScriptName.RECOUNT, ScriptName.RECOVER}
 )  # fmt: skip
+
+# The waiting room's scripts take the keys of an item's queue (engine.keys.QueueKeys), the input
+# helpers of _common.lua (not its item KEYS), and _queue.lua.
+QUEUE_SCRIPTS = frozenset({ScriptName.QUEUE_JOIN, ScriptName.QUEUE_PLACE, ScriptName.QUEUE_ADVANCE})
 
 
 # The writes whose answers reach buyers, admins and the payment provider: with a Durability they
@@ -91,8 +98,9 @@ NOTHING_PROMISED = frozenset(
 def script_text(name: ScriptName) -> str:
     """One script as sent to Redis: an item script starts with the shared helpers it uses."""
     parts = [
-        *(["_common"] if name in ITEM_SCRIPTS else []),
+        *(["_common"] if name in ITEM_SCRIPTS | QUEUE_SCRIPTS else []),
         *(["_holds"] if name in HOLD_SCRIPTS else []),
+        *(["_queue"] if name in QUEUE_SCRIPTS else []),
         name.value,
     ]
     return "".join((LUA_DIR / f"{part}.lua").read_text(encoding="utf-8") for part in parts)

@@ -158,6 +158,35 @@ SHED = Counter(
 )
 
 
+# -- The waiting room ----------------------------------------------------------------------------
+
+# Set by the inlet, which one process runs at a time (the upkeep lease).
+QUEUE_LENGTH = Gauge(
+    "seckill_queue_length",
+    "Positions given in the item's waiting room (pre-start joiners count from the start).",
+    ["item"],
+    multiprocess_mode="mostrecent",
+)
+QUEUE_ADMITTED = Gauge(
+    "seckill_queue_admitted",
+    "The item's admission frontier: every position up to it may take a purchase ticket.",
+    ["item"],
+    multiprocess_mode="mostrecent",
+)
+QUEUE_ADMISSIONS = Counter(
+    "seckill_queue_admissions",
+    "Positions let in by the inlet (its rate is the queue's pace).",
+    ["item"],
+)
+QUEUE_JOINS = Counter("seckill_queue_joins_total", "Buyers who joined a waiting room.")
+QUEUE_WAIT = Histogram(
+    "seckill_queue_wait_seconds",
+    "From joining (or the start, for a pre-start joiner) to a ticket: observed at each ticket "
+    "given to a queued buyer (a buyer usually takes one).",
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+)
+
+
 def multiprocess_dir() -> str | None:
     """The directory the metrics of every process go to, or None in single-process mode.
 

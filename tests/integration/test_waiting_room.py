@@ -1,0 +1,169 @@
+"""The waiting room in Redis: unique contiguous positions, a random draw for those who came
+before the start and first come first served after, an inlet that keeps its pace and its stock
+cap, and a front that tells the truth once the item is sold out."""
+
+from __future__ import annotations
+
+import asyncio
+from itertools import pairwise
+
+import pytest
+
+from seckill.crowd.fairness import rank_correlation, unrelated_bound
+from seckill.domain.items import SaleItem
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.queue import QueueState, standing
+from seckill.engine.engine import RedisEngine
+from seckill.engine.queues import Queues
+from tests.conftest import ManualClock, open_item
+
+pytestmark = pytest.mark.redis_variants("redis7", "cluster")
+
+LEAD_MS = 600_000
+TURN_MS = 60_000
+
+
+def upcoming_item(clock: ManualClock, *, total: int = 100, starts_in_ms: int = 60_000) -> SaleItem:
+    return SaleItem(
+        item_id=1,
+        total=total,
+        starts_at_ms=clock.now_ms + starts_in_ms,
+        ends_at_ms=clock.now_ms + 3_600_000,
+        per_buyer_limit=1,
+        hold_ms=60_000,
+    )
+
+
+async def join_all(queues: Queues, buyers: list[str]) -> list[int]:
+    joined = await asyncio.gather(*(queues.join(1, b, lead_ms=LEAD_MS) for b in buyers))
+    assert {j.outcome for j in joined} == {Outcome.QUEUED}
+    return [j.position for j in joined]
+
+
+async def test_concurrent_joins_get_unique_contiguous_positions(engine: RedisEngine) -> None:
+    await engine.load_item(open_item(total=10))
+    queues = Queues(engine)
+    buyers = [f"b{i}" for i in range(5000)]
+    positions = await join_all(queues, buyers)
+    assert sorted(positions) == list(range(1, 5001))
+    again = await queues.join(1, "b17", lead_ms=LEAD_MS)
+    assert again == type(again)(Outcome.ALREADY_QUEUED, positions[17])
+    front = await queues.front(1)
+    assert front is not None and front.length == 5000 and front.sealed
+
+
+async def test_pre_start_joiners_are_drawn_in_random_order(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    await timed_engine.load_item(upcoming_item(clock))
+    queues = Queues(timed_engine)
+    early = [f"early{i}" for i in range(400)]
+    for buyer in early:  # one at a time: arrival order is the list's
+        assert (await queues.join(1, buyer, lead_ms=LEAD_MS)).position == 0
+        clock.advance(1)
+    placed = await queues.place(1, "early0")
+    assert placed.outcome is Outcome.PLACED and placed.position == 0  # not drawn yet
+
+    clock.advance(60_000)  # the sale starts: the first script to run seals the draw
+    late = await queues.join(1, "late0", lead_ms=LEAD_MS)
+    assert late.position == 401
+    drawn = [(await queues.place(1, b)).position for b in early]
+    assert sorted(drawn) == list(range(1, 401))
+    rho = rank_correlation(range(400), drawn)
+    assert abs(rho) < unrelated_bound(400), rho  # fails once in about 15,000 runs
+    assert (await queues.join(1, "early5", lead_ms=LEAD_MS)).position == drawn[5]
+
+
+async def test_after_the_start_it_is_first_come_first_served(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    await timed_engine.load_item(upcoming_item(clock, starts_in_ms=-1))
+    queues = Queues(timed_engine)
+    positions = [(await queues.join(1, f"b{i}", lead_ms=LEAD_MS)).position for i in range(50)]
+    assert positions == list(range(1, 51))
+
+
+async def test_the_queue_opens_at_its_lead_and_closes_with_the_sale(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    item = upcoming_item(clock, starts_in_ms=LEAD_MS + 5_000)
+    await timed_engine.load_item(item)
+    queues = Queues(timed_engine)
+    early = await queues.join(1, "alice", lead_ms=LEAD_MS)
+    assert early == type(early)(Outcome.NOT_STARTED, opens_at_ms=item.starts_at_ms - LEAD_MS)
+    assert await queues.queued_items() == []
+    clock.advance(5_000)
+    assert (await queues.join(1, "alice", lead_ms=LEAD_MS)).outcome is Outcome.QUEUED
+    assert await queues.queued_items() == [1]
+    clock.now_ms = item.ends_at_ms
+    assert (await queues.join(1, "bob", lead_ms=LEAD_MS)).outcome is Outcome.ENDED
+    assert (await queues.join(1, "x", lead_ms=LEAD_MS)).outcome is Outcome.ENDED
+    assert (await Queues(timed_engine).join(2, "x", lead_ms=LEAD_MS)).outcome is (
+        Outcome.UNKNOWN_ITEM
+    )
+
+
+async def test_bad_input_is_refused_and_changes_nothing(engine: RedisEngine) -> None:
+    await engine.load_item(open_item())
+    queues = Queues(engine)
+    with pytest.raises(InvalidRequest) as refused:
+        await queues.join(1, "has space", lead_ms=LEAD_MS)
+    assert refused.value.code is ErrorCode.INVALID_BUYER
+    with pytest.raises(InvalidRequest) as refused:
+        await queues.advance(1, rate=-1, per_unit=0, turn_ms=TURN_MS)
+    assert refused.value.code is ErrorCode.INVALID_ADMISSION
+    front = await queues.front(1)
+    assert front is not None and front.length == 0 and front.admitted_up_to == 0
+
+
+async def test_the_inlet_keeps_its_rate(timed_engine: RedisEngine, clock: ManualClock) -> None:
+    await timed_engine.load_item(open_item(total=10_000))
+    queues = Queues(timed_engine)
+    await join_all(queues, [f"b{i}" for i in range(1000)])
+    frontier = []
+    for _ in range(20):  # two seconds in steps of 100 ms at 50 a second
+        step = await queues.advance(1, rate=50, per_unit=0, turn_ms=TURN_MS)
+        frontier.append(step.admitted_up_to)
+        clock.advance(100)
+    # At most a second's worth at once (the credit's cap), then 5 per step.
+    assert frontier[0] <= 50
+    assert all(b - a == 5 for a, b in pairwise(frontier[1:])), frontier
+    assert frontier == sorted(frontier)
+    admissions = await queues.admissions(1)
+    assert [a.upto for a in admissions] == sorted(set(frontier))
+    front = await queues.front(1)
+    assert front is not None and front.admissions_per_s == pytest.approx(50, rel=0.1)
+
+
+async def test_the_stock_caps_admission_until_a_turn_passes(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    await timed_engine.load_item(open_item(total=10))
+    queues = Queues(timed_engine)
+    await join_all(queues, [f"b{i}" for i in range(100)])
+    step = await queues.advance(1, rate=0, per_unit=2, turn_ms=TURN_MS)
+    assert step.admitted_up_to == 20  # 2 per unit available
+    clock.advance(1_000)
+    assert (await queues.advance(1, rate=0, per_unit=2, turn_ms=TURN_MS)).moved == 0
+    # Nobody bought: after a turn the 20 age out of the cap and the next 20 are let in.
+    clock.advance(TURN_MS)
+    assert (await queues.advance(1, rate=0, per_unit=2, turn_ms=TURN_MS)).admitted_up_to == 40
+
+
+async def test_sold_out_ends_every_wait_and_returned_units_resume_it(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    await timed_engine.load_item(open_item(total=1))
+    queues = Queues(timed_engine)
+    await join_all(queues, ["b1", "b2", "b3"])
+    await queues.advance(1, rate=0, per_unit=1, turn_ms=TURN_MS)
+    held = await timed_engine.reserve(1, buyer="b1", quantity=1, order_id=7, idempotency_key="k")
+    assert held.outcome is Outcome.RESERVED
+    front = await queues.front(1)
+    assert front is not None and not front.sold_out  # a hold may come back
+    assert standing(3, front, clock.now_ms).state is QueueState.WAITING
+
+    await timed_engine.confirm(1, 7)
+    front = await queues.front(1)
+    assert front is not None and front.sold_out
+    assert {standing(p, front, clock.now_ms).state for p in (1, 2, 3)} == {QueueState.SOLD_OUT}
