@@ -96,6 +96,17 @@ async def test_a_buyer_waits_is_let_in_and_buys(queued: Api) -> None:
     assert late["state"] == QueueState.WAITING and late["position"] == 4
     assert late["admitted_up_to"] == 3 and late["ahead"] == 0
 
+    report = await queued.http.get(f"/api/v1/admin/items/{item_id}/queue", headers=queued.as_admin)
+    assert report.status_code == 200, report.text
+    body = report.json()
+    assert body["length"] == 6 and body["admitted_up_to"] == 3 and body["drawn"]
+    steps = [step["upto"] for step in body["admissions"]]
+    assert steps == sorted(steps) and steps[-1] == 3
+    stranger = await queued.http.get(
+        f"/api/v1/admin/items/{item_id}/queue", headers=queued.as_buyer("b0")
+    )
+    assert stranger.status_code == 403
+
 
 async def test_a_buyer_never_queued_gets_no_ticket(queued: Api) -> None:
     item_id = await queued.create_item(total=3)

@@ -12,18 +12,23 @@ from seckill.api.context import Context, context
 from seckill.api.errors import documented
 from seckill.api.paths import ItemId
 from seckill.api.schemas import (
+    AdmissionOut,
     AuditOut,
     CheckOut,
     Counters,
     ItemCountersOut,
     ItemOut,
     NewItemIn,
+    QueueReportOut,
     WarmOut,
 )
 from seckill.domain.items import Stock
+from seckill.domain.times import ms_to_datetime
+from seckill.engine.queues import Queues
 from seckill.reconcile.records import audit_records
 from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
 from seckill.services.items import create_item as create_item_service
+from seckill.services.waiting_room import queue_report
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 Ctx = Annotated[Context, Depends(context)]
@@ -99,6 +104,28 @@ async def audit(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> AuditOut:
         item_id=item_id,
         passed=all(c.ok for c in checks),
         checks=[CheckOut(name=c.name, ok=c.ok, detail=c.detail) for c in checks],
+    )
+
+
+@router.get(
+    "/items/{item_id}/queue",
+    response_model=QueueReportOut,
+    responses=documented(401, 403, 404, 422, 503),
+)
+async def queue(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> QueueReportOut:
+    """The item's waiting room: how many joined, how far the frontier moved, and each step the
+    inlet took (when, and up to which position)."""
+    report = await queue_report(Queues(ctx.runtime.engine), item_id)
+    front = report.front
+    return QueueReportOut(
+        item_id=item_id,
+        length=front.length,
+        drawn=front.sealed,
+        admitted_up_to=front.admitted_up_to,
+        admissions_per_s=front.admissions_per_s,
+        admissions=[
+            AdmissionOut(at=ms_to_datetime(a.at_ms), upto=a.upto) for a in report.admissions
+        ],
     )
 
 

@@ -149,3 +149,19 @@ class PaymentOut(BaseModel):
 class HealthOut(BaseModel):
     redis: Literal["ok", "unavailable"]
     database: Literal["ok", "unavailable"]
+
+
+class AdmissionOut(BaseModel):
+    at: datetime = Field(description="When the inlet took this step (Redis's clock).")
+    upto: int = Field(description="Every position up to this one was let in by then.")
+
+
+class QueueReportOut(BaseModel):
+    item_id: int
+    length: int = Field(description="Positions given (pre-start joiners count once drawn).")
+    drawn: bool = Field(
+        description="Whether the pre-start joiners' order was drawn (at the start)."
+    )
+    admitted_up_to: int
+    admissions_per_s: float | None = Field(description="The inlet's pace over its last 10 s.")
+    admissions: list[AdmissionOut] = Field(description="Every step of the inlet, oldest first.")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from seckill.domain.outcomes import Outcome
 from seckill.domain.queue import QueueFront, QueueStanding, QueueState, standing
-from seckill.engine.queues import Queues
+from seckill.engine.queues import Admission, Queues
 from seckill.observability import metrics
 from seckill.security.passes import PassCodec, QueuePass
 from seckill.services.items import UnknownItem
@@ -38,6 +38,22 @@ class Standing:
     standing: QueueStanding
     pass_text: str
     queue_pass: QueuePass
+
+
+@dataclass(frozen=True, slots=True)
+class QueueReport:
+    """An item's queue for its operators: the front, and every step the inlet took."""
+
+    front: QueueFront
+    admissions: list[Admission]
+
+
+async def queue_report(queues: Queues, item_id: int) -> QueueReport:
+    """``UnknownItem`` for an item not loaded."""
+    front = await queues.front(item_id)
+    if front is None:
+        raise UnknownItem(f"item {item_id} is not on sale")
+    return QueueReport(front, await queues.admissions(item_id))
 
 
 class WaitingRoom:
