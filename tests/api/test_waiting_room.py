@@ -102,6 +102,10 @@ async def test_a_buyer_waits_is_let_in_and_buys(queued: Api) -> None:
     assert body["length"] == 6 and body["admitted_up_to"] == 3 and body["drawn"]
     steps = [step["upto"] for step in body["admissions"]]
     assert steps == sorted(steps) and steps[-1] == 3
+    dashboard = await queued.http.get(
+        f"/api/v1/admin/dashboard?item={item_id}", headers=queued.as_admin
+    )
+    assert dashboard.json()["items"][0]["queue"] == {"joined": 6, "admitted_up_to": 3, "waiting": 3}
     stranger = await queued.http.get(
         f"/api/v1/admin/items/{item_id}/queue", headers=queued.as_buyer("b0")
     )

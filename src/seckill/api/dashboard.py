@@ -49,6 +49,13 @@ class DashboardItem(BaseModel):
     dead_letters: int | None = Field(
         description="Entries the persister gave up on, not replayed; null if SQL did not answer."
     )
+    queue: QueueOut | None = Field(description="Its waiting room; null if nobody joined.")
+
+
+class QueueOut(BaseModel):
+    joined: int = Field(description="Buyers in the waiting room.")
+    admitted_up_to: int = Field(description="Every position up to this one was let in.")
+    waiting: int = Field(description="Buyers not let in yet.")
 
 
 class RequestCount(BaseModel):
@@ -148,6 +155,13 @@ def _out(snapshot: DashboardSnapshot) -> DashboardOut:
                 pending=view.persister.pending,
                 lag=view.persister.lag,
                 dead_letters=view.dead_letters,
+                queue=None
+                if view.queue is None
+                else QueueOut(
+                    joined=view.queue.joined,
+                    admitted_up_to=view.queue.admitted_up_to,
+                    waiting=max(0, view.queue.joined - view.queue.admitted_up_to),
+                ),
             )
             for view in snapshot.items
         ],

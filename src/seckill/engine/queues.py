@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -56,6 +57,12 @@ class Admission:
 
     at_ms: int
     upto: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    joined: int  # buyers in the queue, drawn or not
+    admitted_up_to: int
 
 
 class Queues:
@@ -149,6 +156,21 @@ class Queues:
             )
         moved, elapsed_ms = last.upto - first.upto, last.at_ms - first.at_ms
         return moved * 1000 / elapsed_ms if moved > 0 and elapsed_ms > 0 else None
+
+    async def counts(self, item_ids: Sequence[int]) -> list[QueueCounts | None]:
+        """How many joined each item's queue and how far it moved (None: nobody joined), in
+        one round trip per node (for the dashboard)."""
+        async with self._engine.redis.pipeline(transaction=False) as pipe:
+            for item_id in item_ids:
+                keys = self.keys(item_id)
+                pipe.hmget(keys.queue, ["late", "admitted"])
+                pipe.zcard(keys.early)
+            replies = await pipe.execute()
+        found: list[QueueCounts | None] = []
+        for (late, admitted), early in zip(replies[::2], replies[1::2], strict=True):
+            joined = int(early) + int(late or 0)
+            found.append(QueueCounts(joined, int(admitted or 0)) if joined else None)
+        return found
 
     async def admissions(self, item_id: int) -> list[Admission]:
         """Every step of the inlet for this item, oldest first."""

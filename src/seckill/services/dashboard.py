@@ -2,9 +2,9 @@
 own counters, cheap enough to take every second.
 
 Redis is read in two round trips (three on Redis 6.2, which keeps no consumer-group lag): the
-items registry, then the items' counters beside their streams (``seckill.engine.streams``),
-concurrently. Dead letters come from SQL, and the request, reaper and reconciler figures from
-the process's metrics registry when it has one.
+items registry, then the items' counters beside their streams (``seckill.engine.streams``) and
+their waiting rooms, concurrently. Dead letters come from SQL, and the request, reaper and
+reconciler figures from the process's metrics registry when it has one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from seckill.domain.items import STOCK_FIELDS, Stock
 from seckill.engine.cluster import time_ms
 from seckill.engine.engine import RedisEngine
+from seckill.engine.queues import QueueCounts, Queues
 from seckill.engine.streams import GROUP, GroupProgress, read_progress
 from seckill.observability import metrics
 from seckill.store.database import is_transient
@@ -37,6 +38,7 @@ class ItemView:
     stock: Stock | None  # None: not in Redis (never warmed, or Redis lost it)
     persister: GroupProgress  # where the persister stands in the item's stream
     dead_letters: int | None  # not replayed yet; None when SQL did not answer
+    queue: QueueCounts | None = None  # its waiting room; None: nobody joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,15 +89,16 @@ async def take_snapshot(
     """The items given (else the newest ``MAX_ITEMS`` of the registry), their dead letters,
     and this process's metrics."""
     chosen = sorted(set(item_ids)) if item_ids else (await engine.item_ids())[-MAX_ITEMS:]
-    (server_time_ms, stocks), streams, in_registry = await asyncio.gather(
+    (server_time_ms, stocks), streams, in_registry, queues = await asyncio.gather(
         _clock_and_stock(engine, chosen),
         read_progress(engine.redis, [engine.keys(i).events for i in chosen]),
         engine.item_count(),
+        Queues(engine).counts(chosen),
     )
     dead, database_available = await _dead_letters(engine, ledger, chosen)
     views = [
-        ItemView(item_id, stock, stream.of(GROUP), dead.get(item_id))
-        for item_id, stock, stream in zip(chosen, stocks, streams, strict=True)
+        ItemView(item_id, stock, stream.of(GROUP), dead.get(item_id), queue)
+        for item_id, stock, stream, queue in zip(chosen, stocks, streams, queues, strict=True)
     ]
     return DashboardSnapshot(
         server_time_ms=server_time_ms,

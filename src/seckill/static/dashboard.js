@@ -161,12 +161,18 @@
       number(id, "pending", "pending") + number(id, "lag", "lag") +
       number(id, "dead_letters", "dead letters") + "</dl>" +
       "<h3>Stream to SQL</h3>" + '<div class="chart" data-chart="queue"></div>' +
+      '<div data-role="waiting-room" hidden><h3>Waiting room</h3>' +
+      '<dl class="numbers">' + number(id, "joined", "joined") +
+      number(id, "admitted_up_to", "admitted up to") + number(id, "waiting", "waiting") +
+      "</dl>" + '<div class="chart" data-chart="waiting-room"></div></div>' +
       '<div class="updated">updated <span class="updated-at">never</span></div>';
     $("items").appendChild(el);
     var view = {
       el: el,
       numbers: {},
-      t: [], available: [], held: [], sold: [], backlog: [], lag: [],
+      t: [], available: [], held: [], sold: [], backlog: [], lag: [], waiting: [], admitted: [],
+      room: el.querySelector('[data-role="waiting-room"]'),
+      roomPlot: null,  // drawn once someone joins (uPlot needs a visible box to size itself)
     };
     el.querySelectorAll("[data-field]").forEach(function (n) { view.numbers[n.dataset.field] = n; });
     view.stock = plot(el.querySelector('[data-chart="stock"]'), STOCK.map(function (s) {
@@ -196,7 +202,24 @@
     push(view.lag, item.lag);
     view.stock.plot.setData([view.t, view.available, view.held, view.sold]);
     view.queue.plot.setData([view.t, view.backlog, view.lag]);
+    showWaitingRoom(view, item.queue);
     setText(view.el.querySelector(".updated-at"), updated);
+  }
+
+  function showWaitingRoom(view, queue) {
+    push(view.waiting, queue ? queue.waiting : null);
+    push(view.admitted, queue ? queue.admitted_up_to : null);
+    if (!queue && !view.roomPlot) { return; }
+    view.room.hidden = false;
+    setText(view.numbers.joined, queue ? queue.joined : null);
+    setText(view.numbers.admitted_up_to, queue ? queue.admitted_up_to : null);
+    setText(view.numbers.waiting, queue ? queue.waiting : null);
+    if (!view.roomPlot) {
+      view.roomPlot = plot(view.room.querySelector('[data-chart="waiting-room"]'), [
+        { label: "waiting", color: "#bc4c00" }, { label: "admitted up to", color: "#1b7c83" },
+      ], [[], [], []]);
+    }
+    view.roomPlot.plot.setData([view.t, view.waiting, view.admitted]);
   }
 
   // Purchases per second by outcome, from the growth of the purchase route's counters.
