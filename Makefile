@@ -24,8 +24,9 @@ lint: $(STAMP)
 system-deps:
 	scripts/system-deps
 
+# One test process per core (each starts its own Redis servers and SQL databases).
 test: system-deps lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine
