@@ -252,8 +252,8 @@ class RedisEngine:
         keys = (*self.keys(item_id, shard).all_fixed(), *extra_keys)
         return await self._scripts.call(name, keys, (item_id, *args))
 
-    async def read(self, *command: Any) -> Any:
-        """One keyed read, batched with the scripts' calls when there is a pipeliner."""
+    async def execute(self, *command: Any) -> Any:
+        """One keyed command, batched with the scripts' calls when there is a pipeliner."""
         pipeliner = self._scripts.pipeliner
         if pipeliner is None:
             return await self._redis.execute_command(*command)
@@ -362,7 +362,7 @@ class RedisEngine:
         they have any; returns the units moved (0: each had none when asked)."""
         others = [shard for shard in range(shards) if shard != to]
         available = await asyncio.gather(
-            *(self.read("HGET", self.keys(item_id, s).item, "available") for s in others)
+            *(self.execute("HGET", self.keys(item_id, s).item, "available") for s in others)
         )
         donors = sorted(
             ((int(a), s) for a, s in zip(available, others, strict=True) if a and int(a) > 0),
@@ -441,7 +441,9 @@ class RedisEngine:
         rules.check_idempotency_key(idempotency_key)
         home = home_shard(buyer, await self._shard_counts.of(item_id))
         # It runs on every request for a sold-out item: batched like the scripts.
-        raw = await self.read("GET", self.keys(item_id, home).idempotency(buyer, idempotency_key))
+        raw = await self.execute(
+            "GET", self.keys(item_id, home).idempotency(buyer, idempotency_key)
+        )
         if raw is None:
             return None
         first = json.loads(raw)
@@ -521,7 +523,7 @@ class RedisEngine:
         if shards == 1:
             return 0
         found = await asyncio.gather(
-            *(self.read("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
+            *(self.execute("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
         )
         return next((s for s in range(shards) if found[s]), 0)
 
@@ -533,7 +535,7 @@ class RedisEngine:
             return 0
         seen = await asyncio.gather(
             *(
-                self.read("HEXISTS", self.keys(item_id, s).payments, payment_id)
+                self.execute("HEXISTS", self.keys(item_id, s).payments, payment_id)
                 for s in range(shards)
             )
         )
@@ -604,7 +606,7 @@ class RedisEngine:
         # Through the pipeliner: every ticket asks (the ticket office's window check).
         raw = cast(
             list[str | None],
-            await self.read(
+            await self.execute(
                 "HMGET", self.keys(item_id).item, *_ITEM_FIELDS, "shards", "item_total"
             ),
         )
@@ -635,7 +637,10 @@ class RedisEngine:
         """Units left, for a buyer's eyes: one read per shard, no transfer records, so units in
         transit between two shards (for one round trip) are not counted. None: not loaded."""
         counts = await asyncio.gather(
-            *(self.read("HGET", keys.item, "available") for keys in await self.shard_keys(item_id))
+            *(
+                self.execute("HGET", keys.item, "available")
+                for keys in await self.shard_keys(item_id)
+            )
         )
         if any(count is None for count in counts):
             return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,7 +23,7 @@ from seckill.engine.scripts import ScriptName
 
 # A draw is a random integer below 10**15: a Lua number (a double) holds it exactly, and the
 # scripts' integer arguments have at most 15 digits.
-_DRAW_BELOW = 10**15
+DRAW_BELOW = 10**15
 # The inlet's pace is measured over this long.
 PACE_WINDOW_MS = 10_000
 
@@ -65,11 +65,18 @@ class QueueCounts:
     admitted_up_to: int
 
 
-class Queues:
-    """The waiting rooms of one engine's items."""
+def secret_draw() -> int:
+    """An unpredictable draw: nobody can tell a pre-start joiner's place before the start."""
+    return secrets.randbelow(DRAW_BELOW)
 
-    def __init__(self, engine: RedisEngine) -> None:
+
+class Queues:
+    """The waiting rooms of one engine's items. ``draw`` gives each pre-start joiner's random
+    key (tests pass a seeded one)."""
+
+    def __init__(self, engine: RedisEngine, *, draw: Callable[[], int] = secret_draw) -> None:
         self._engine = engine
+        self._draw = draw
         self._registry = queues_registry(engine.prefix)
 
     def keys(self, item_id: int) -> QueueKeys:
@@ -78,14 +85,13 @@ class Queues:
     async def join(self, item_id: int, buyer: str, *, lead_ms: int) -> Joined:
         """Put ``buyer`` in the item's queue (or find them there). The queue opens ``lead_ms``
         before the sale starts; an InvalidRequest for a malformed buyer id."""
-        draw = secrets.randbelow(_DRAW_BELOW)
-        reply = await self._call(ScriptName.QUEUE_JOIN, item_id, buyer, draw, lead_ms)
+        reply = await self._call(ScriptName.QUEUE_JOIN, item_id, buyer, self._draw(), lead_ms)
         outcome = Outcome(reply[0])
         if outcome in (Outcome.QUEUED, Outcome.ALREADY_QUEUED):
             if outcome is Outcome.QUEUED:
-                # Idempotent, and after the join: an inlet that misses this item for a moment
-                # only delays its first step. The registry lives in another slot.
-                await self._engine.redis.sadd(self._registry, str(item_id))
+                # After the join (the registry lives in another slot): an inlet that misses the
+                # item for a moment only delays its first step.
+                await self._engine.execute("SADD", self._registry, str(item_id))
             return Joined(outcome, int(reply[1]))
         if outcome is Outcome.NOT_STARTED:
             return Joined(outcome, opens_at_ms=int(reply[1]))
@@ -121,10 +127,10 @@ class Queues:
         engine = self._engine
         shards = await engine.shard_keys(item_id)
         window, queue, latest, counts = await asyncio.gather(
-            engine.read("HMGET", keys.item, "starts_at_ms", "ends_at_ms"),
-            engine.read("HMGET", keys.queue, "sealed", "late", "admitted"),
-            engine.read("XREVRANGE", keys.admissions, "+", "-", "COUNT", "1"),
-            asyncio.gather(*(engine.read("HMGET", s.item, "available", "held") for s in shards)),
+            engine.execute("HMGET", keys.item, "starts_at_ms", "ends_at_ms"),
+            engine.execute("HMGET", keys.queue, "sealed", "late", "admitted"),
+            engine.execute("XREVRANGE", keys.admissions, "+", "-", "COUNT", "1"),
+            asyncio.gather(*(engine.execute("HMGET", s.item, "available", "held") for s in shards)),
         )
         if window[0] is None or any(c[0] is None for c in counts):
             return None
@@ -147,12 +153,12 @@ class Queues:
             return None
         last = _admission(latest[0])
         since = last.at_ms - PACE_WINDOW_MS
-        earlier = await self._engine.read("XREVRANGE", keys.admissions, since, "-", "COUNT", "1")
+        earlier = await self._engine.execute("XREVRANGE", keys.admissions, since, "-", "COUNT", "1")
         if earlier:  # the frontier as it stood when the window opened
             first = Admission(since, _admission(earlier[0]).upto)
         else:  # the queue is younger than the window: from its first step
             first = _admission(
-                (await self._engine.read("XRANGE", keys.admissions, "-", "+", "COUNT", "1"))[0]
+                (await self._engine.execute("XRANGE", keys.admissions, "-", "+", "COUNT", "1"))[0]
             )
         moved, elapsed_ms = last.upto - first.upto, last.at_ms - first.at_ms
         return moved * 1000 / elapsed_ms if moved > 0 and elapsed_ms > 0 else None
@@ -174,7 +180,7 @@ class Queues:
 
     async def admissions(self, item_id: int) -> list[Admission]:
         """Every step of the inlet for this item, oldest first."""
-        entries = await self._engine.read("XRANGE", self.keys(item_id).admissions, "-", "+")
+        entries = await self._engine.execute("XRANGE", self.keys(item_id).admissions, "-", "+")
         return [_admission(entry) for entry in entries]
 
     async def queued_items(self) -> list[int]:
