@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,9 @@ bench-clients: $(STAMP)  # skips a client that is not installed (coredis, valkey
 
 bench-cluster: $(STAMP)  # starts its own redis-server and a local cluster on free ports
 	$(BIN)/python -m benchmarks.cluster $(BENCH_ARGS)
+
+bench-waiting-room: $(STAMP)  # starts its own redis-server and servers on free ports; uses wrk if installed
+	$(BIN)/python -m benchmarks.waiting_room $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache
