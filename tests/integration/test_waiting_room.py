@@ -5,9 +5,16 @@ cap, and a front that tells the truth once the item is sold out."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 
@@ -19,7 +26,8 @@ from seckill.engine.engine import RedisEngine
 from seckill.engine.queues import DRAW_BELOW, Queues
 from seckill.workers.inlet import Inlet
 from seckill.workers.loop import run_until_stopped
-from tests.conftest import ManualClock, open_item
+from tests.conftest import ManualClock, RedisTarget, open_item
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7", "cluster")
 
@@ -198,3 +206,60 @@ async def test_the_inlet_worker_lets_buyers_in_at_its_rate(engine: RedisEngine) 
         elapsed,
     )
     assert inlet.admitted == front.admitted_up_to
+
+
+@contextlib.contextmanager
+def inlet_process(redis_url: str, data_dir: Path, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``seckill worker inlet`` at 50 a second, as an operator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")} | {
+        "SECKILL_REDIS_URL": redis_url,
+        "SECKILL_DATA_DIR": str(data_dir),
+        "SECKILL_QUEUE_ADMIT_PER_SECOND": "50",
+        "SECKILL_QUEUE_ADMIT_PER_UNIT": "0",
+    }
+    argv = [sys.executable, "-m", "seckill.cli", "worker", "inlet", "--interval", "0.05"]
+    with log.open("wb") as out:
+        child = subprocess.Popen(argv, env=env, stdout=out, stderr=out)
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_a_killed_inlet_is_replaced_and_the_rate_holds(
+    engine: RedisEngine, redis_server: RedisTarget, tmp_path: Path
+) -> None:
+    """Two inlet processes: one moves the queue (the upkeep lease); kill -9 it and the other
+    carries on from the state in Redis, and the pace never passes the rate (the credit is kept
+    in Redis, not in the process)."""
+    await engine.load_item(open_item(total=10_000))
+    queues = Queues(engine)
+    await join_all(queues, [f"b{i}" for i in range(1000)])
+
+    async def frontier() -> int:
+        front = await queues.front(1)
+        assert front is not None
+        return front.admitted_up_to
+
+    started = time.monotonic()
+    with (
+        # Data directories of their own: each migrates its own embedded SQLite file at start.
+        inlet_process(redis_server.url, tmp_path / "first", tmp_path / "first.log") as first,
+        inlet_process(redis_server.url, tmp_path / "second", tmp_path / "second.log"),
+    ):
+
+        async def moving() -> bool:
+            return await frontier() > 60
+
+        await wait_until(moving, 20, "the first steps")
+        first.send_signal(signal.SIGKILL)  # the holder, or not: the queue must go on either way
+        killed_at = await frontier()
+
+        async def moving_again() -> bool:
+            return await frontier() > killed_at + 50
+
+        await wait_until(moving_again, 20, "the steps after the kill")
+        elapsed = time.monotonic() - started
+        assert await frontier() <= 50 + 50 * elapsed + 1
