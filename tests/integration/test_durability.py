@@ -19,6 +19,7 @@ from seckill.domain.holds import HoldState, Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.queues import Queues
 from seckill.engine.scripts import Durability, NotDurable, Scripts
 from seckill.redis_server import RedisServer
 from seckill.store.ledger import Ledger
@@ -152,6 +153,17 @@ async def test_without_a_replica_a_write_is_not_durable_and_its_retry_replays(
     retry = await buy(engine, "alice", key="k1")
     assert (retry.outcome, retry.replayed, retry.order_id) == (Outcome.RESERVED, True, order_id)
     assert await (await engine_on(replica, None)).hold(1, order_id) is not None
+
+
+async def test_a_queue_position_is_answered_once_a_replica_holds_it(servers: Servers) -> None:
+    await (await engine_on(servers.redis, None)).load_item(open_item(total=5))
+    with pytest.raises(NotDurable):
+        await Queues(await engine_on(servers.redis, QUICK)).join(1, "alice", lead_ms=0)
+    replica = await servers.attach_replica()
+    retry = await Queues(await engine_on(servers.redis, PATIENT)).join(1, "alice", lead_ms=0)
+    assert (retry.outcome, retry.position) == (Outcome.ALREADY_QUEUED, 1)
+    place = await Queues(await engine_on(replica, None)).place(1, "alice")
+    assert place.position == 1
 
 
 async def test_refusals_and_invalid_requests_need_no_replica(servers: Servers) -> None:

@@ -78,11 +78,12 @@ QUEUE_SCRIPTS = frozenset({ScriptName.QUEUE_JOIN, ScriptName.QUEUE_PLACE, Script
 # wait for replicas. The lease scripts (see leases) do not: a lost renewal is renewed again, a
 # lost drop lapses; the repair scripts are an operator's, re-run until the reconciler finds no
 # drift. A transfer's second half is sent only once its first is acknowledged: a lost first half
-# with a received second would count the units twice.
+# with a received second would count the units twice. A queue position is a promise too; the
+# inlet's step and the seal are not (lost, they are taken again from the state that survived).
 WAITED_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
      ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.TRANSFER_OUT,
-     ScriptName.TRANSFER_IN}
+     ScriptName.TRANSFER_IN, ScriptName.QUEUE_JOIN}
 )  # fmt: skip
 
 
