@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
-from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer
+from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer, misbound
 
 PASS_HEADER = "Seckill-Queue-Pass"
 VERSION = "q1"
@@ -82,10 +82,11 @@ class PassCodec:
             position=int(fields.group(3)),
             expires_at_ms=int(fields.group(4)),
         )
-        if found.buyer != buyer:
-            raise BadPass("the queue pass is for another buyer")
-        if found.item_id != item_id:
-            raise BadPass("the queue pass is for another item")
-        if now_ms >= found.expires_at_ms:
-            raise BadPass("the queue pass has expired: the sale is over")
+        problem = misbound(
+            "queue pass", buyer=found.buyer, item_id=found.item_id,
+            expires_at_ms=found.expires_at_ms, for_buyer=buyer, for_item=item_id, now_ms=now_ms,
+            expired="the sale is over",
+        )  # fmt: skip
+        if problem:
+            raise BadPass(problem)
         return found

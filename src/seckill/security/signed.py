@@ -50,6 +50,21 @@ class Signer:
         return hmac.digest(self._key, data, hashlib.sha256).hex()  # the one-shot C path
 
 
+def misbound(
+    what: str, *, buyer: str, item_id: int, expires_at_ms: int, for_buyer: str, for_item: int,
+    now_ms: int, expired: str,
+) -> str | None:  # fmt: skip
+    """Why an authentic ``what`` (a ticket, a queue pass) does not let ``for_buyer`` act on
+    ``for_item`` at ``now_ms``, in words safe to show the caller; None when it does."""
+    if buyer != for_buyer:
+        return f"the {what} is for another buyer"
+    if item_id != for_item:
+        return f"the {what} is for another item"
+    if now_ms >= expires_at_ms:
+        return f"the {what} has expired: {expired}"
+    return None
+
+
 BUYER_FIELD = r"[A-Za-z0-9_-]{2,88}"
 """A buyer id inside a signed payload, as ``encode_buyer`` writes it (buyer ids may hold dots)."""
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
 from seckill.security.generated import generated_secret
-from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer
+from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer, misbound
 
 TICKET_HEADER = "Seckill-Ticket"
 VERSION = "v1"
@@ -96,12 +96,13 @@ class TicketCodec:
         """The ticket, if it is authentic, unexpired at ``now_ms``, and for this buyer and
         item; ``BadTicket`` otherwise (and nothing else)."""
         ticket = self.read(text)
-        if ticket.buyer != buyer:
-            raise BadTicket("the ticket is for another buyer")
-        if ticket.item_id != item_id:
-            raise BadTicket("the ticket is for another item")
-        if now_ms >= ticket.expires_at_ms:
-            raise BadTicket("the ticket has expired: ask for a new one")
+        problem = misbound(
+            "ticket", buyer=ticket.buyer, item_id=ticket.item_id,
+            expires_at_ms=ticket.expires_at_ms, for_buyer=buyer, for_item=item_id, now_ms=now_ms,
+            expired="ask for a new one",
+        )  # fmt: skip
+        if problem:
+            raise BadTicket(problem)
         return ticket
 
 
