@@ -5,6 +5,7 @@ Pure functions over plain sequences, used by the crowd's verdicts and the tests.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -29,6 +30,24 @@ def inversions(values: Sequence[float]) -> int:
     """Pairs i < j with values[i] > values[j] (0: sorted), counted in O(n log n)."""
     items = list(values)
     return _sort_counting(items)[1]
+
+
+def admission_times(
+    steps: Sequence[tuple[float, int]], positions: Sequence[int]
+) -> list[float | None]:
+    """When each of ``positions`` was let in, from the inlet's steps ``(time, up to)`` in the
+    order it took them: the time of the first step whose frontier reached the position (None
+    for a position no step reached)."""
+    times: list[float] = []
+    reached: list[int] = []  # the frontier after each step: never lower than before
+    for t, upto in steps:
+        times.append(t)
+        reached.append(max(upto, reached[-1]) if reached else upto)
+    found: list[float | None] = []
+    for position in positions:
+        index = bisect.bisect_left(reached, position)
+        found.append(times[index] if index < len(reached) else None)
+    return found
 
 
 def _ranks(values: Sequence[float]) -> list[int]:
