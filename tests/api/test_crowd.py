@@ -1,21 +1,29 @@
 """The crowd that ``seckill demo`` and ``seckill bench`` send: its verdicts pass on a clean
-sale, and each planted fault fails the verdict that should catch it, by name."""
+sale (through a waiting room too), and each planted fault fails the verdict that should catch it,
+by name."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from pathlib import Path
+
 import aiohttp
 import pytest
+from redis.asyncio import Redis
 from rich.console import Console
 from sqlalchemy import delete
 
 from seckill.crowd.client import ApiClient, Credentials
-from seckill.crowd.plan import CrowdPlan
+from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.rehearsal import Rehearsal, rehearse
-from seckill.crowd.sale import Sale
+from seckill.crowd.sale import Sale, SaleRefused
 from seckill.engine.audit import Check
 from seckill.security.tokens import token_codec
+from seckill.serve import WorkerKind
+from seckill.store.ledger import Ledger
 from seckill.store.tables import Order
-from tests.api.conftest import PAYMENT_SECRET, Api
+from tests.api.conftest import PAYMENT_SECRET, Api, api_settings, running_api
+from tests.conftest import RedisTarget, redis_settings
 
 # One Redis (the engine suites cover both versions); every SQL backend.
 pytestmark = pytest.mark.redis_variants("redis7")
@@ -29,10 +37,10 @@ def credentials(api: Api) -> Credentials:
     return Credentials(tokens=token_codec(api.settings), payment_secret=PAYMENT_SECRET)
 
 
-async def rush(api: Api, sql_url: str) -> Rehearsal:
+async def rush(api: Api, sql_url: str, queue: QueuePlan | None = None) -> Rehearsal:
     return await rehearse(
         api.http.base_url, PLAN, credentials(api), kind="bench", console=Console(quiet=True),
-        database_url=sql_url,
+        database_url=sql_url, queue=queue,
     )  # fmt: skip
 
 
@@ -93,3 +101,77 @@ async def test_a_corrupted_counter_is_named(served: Api, sql_url: str) -> None:
     assert not checks["Redis == SQL"].ok
     assert "stock balanced" in checks["server audit"].detail
     assert checks["no lost orders"].ok
+
+
+QUEUE_FRONT_S = 0.2
+QUEUE_VERDICTS = {
+    "admitted in position order",
+    "pre-start joiners in random order",
+    "positions unique and contiguous",
+    "nobody left waiting",
+    "sold out reached everyone",
+}
+
+
+@pytest.fixture
+async def queued(
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+) -> AsyncIterator[Api]:
+    """``served``, with a waiting room and its inlet paced for ``PLAN``: a turn as long as a
+    hold, two admissions per unit in it, a turn's worth a second."""
+    settings = api_settings(
+        **redis_settings(redis_server),
+        database_url=sql_url,
+        data_dir=tmp_path,
+        reaper_interval_seconds=0.05,
+        ticket_ttl_seconds=600,
+        waiting_room=True,
+        queue_admit_per_second=2 * PLAN.units,
+        queue_admit_per_unit=2,
+        queue_turn_seconds=PLAN.hold_seconds,
+        queue_inlet_interval_seconds=0.05,
+        queue_front_seconds=QUEUE_FRONT_S,
+    )
+    workers = (WorkerKind.PERSISTER, WorkerKind.REAPER, WorkerKind.INLET)
+    async with running_api(settings, workers=workers) as live:
+        yield live
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_a_crowd_through_the_waiting_room_passes_and_a_stranger_is_named(
+    queued: Api, sql_url: str
+) -> None:
+    done = await rush(queued, sql_url, QueuePlan(lead_s=1.5, front_s=QUEUE_FRONT_S))
+    result = done.result
+    failed = [v for v in result["verdicts"] if not v["ok"]]
+    assert not failed, failed
+    assert {v["name"] for v in result["verdicts"]} >= QUEUE_VERDICTS
+    room = result["waiting_room"]
+    everyone = PLAN.buyers + PLAN.late_crowd
+    assert room["joined"] == room["length"] == everyone
+    assert room["joined_before_start"] == room["drawn"] == PLAN.buyers  # joined in 1.5 s
+    assert room["rank_correlation"] is not None and room["left_waiting"] == 0
+    assert (
+        0 < room["admitted_up_to"] < everyone
+        and room["admissions"]["upto"][-1] == (room["admitted_up_to"])
+    )
+    assert len(room["tickets"]["t_s"]) >= PLAN.units // PLAN.per_buyer_limit
+    seen = {(row["action"], row["outcome"]) for row in result["outcomes"]}
+    assert {("join", "waiting"), ("poll", "admitted"), ("poll", "sold_out")} <= seen
+
+    # Someone the crowd does not know of takes a place: the positions no longer add up.
+    stranger = await queued.http.post(
+        f"/api/v1/items/{done.sale.item_id}/queue", headers=queued.as_buyer("stranger")
+    )
+    assert stranger.status_code == 200 and stranger.json()["position"] == everyone + 1
+    checks = await audit_again(queued, done.sale, sql_url)
+    positions = checks["positions unique and contiguous"]
+    assert not positions.ok
+    assert f"1 held by nobody ({everyone + 1})" in positions.detail
+    assert checks["admitted in position order"].ok and checks["nobody left waiting"].ok
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_a_deployment_without_a_waiting_room_is_refused(served: Api, sql_url: str) -> None:
+    with pytest.raises(SaleRefused, match=r"runs no waiting room \(404 no_waiting_room\)"):
+        await rush(served, sql_url, QueuePlan(lead_s=1.0))

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from seckill.config import Settings
+from seckill.security.passes import PASS_HEADER
 from seckill.security.signatures import SIGNATURE_HEADER, payment_secret, sign
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, TokenCodec, token_codec
@@ -32,12 +33,14 @@ class Reply:
 
     @property
     def outcome(self) -> str:
-        """The error's code (``sold_out``, ``rate_limited``...), else what the body says."""
+        """The error's code (``sold_out``, ``rate_limited``...), else what the body says: its
+        outcome, status, or (a waiting room's answer) state."""
         if self.status == 0:
             return TRANSPORT_ERROR
         if self.status >= 400:
             return str(self.body.get("error") or f"http_{self.status}")
-        return str(self.body.get("outcome") or self.body.get("status") or f"http_{self.status}")
+        said = self.body.get("outcome") or self.body.get("status") or self.body.get("state")
+        return str(said or f"http_{self.status}")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -157,7 +160,23 @@ class ApiClient:
         path = f"/api/v1/admin/items/{item_id}/audit"
         return await self.request("GET", path, token=self.credentials.admin())
 
+    async def queue_report(self, item_id: int) -> Reply:
+        path = f"/api/v1/admin/items/{item_id}/queue"
+        return await self.request("GET", path, token=self.credentials.admin())
+
     # A buyer's side.
+
+    async def join_queue(self, item_id: int, buyer: str) -> Reply:
+        path = f"/api/v1/items/{item_id}/queue"
+        return await self.request("POST", path, token=self.credentials.buyer(buyer))
+
+    async def queue_standing(self, item_id: int, buyer: str, *, queue_pass: str) -> Reply:
+        return await self.request(
+            "GET",
+            f"/api/v1/items/{item_id}/queue",
+            token=self.credentials.buyer(buyer),
+            headers={PASS_HEADER: queue_pass},
+        )
 
     async def ticket(self, item_id: int, buyer: str) -> Reply:
         path = f"/api/v1/items/{item_id}/tickets"

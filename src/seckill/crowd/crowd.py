@@ -4,7 +4,8 @@ A buyer asks for a purchase ticket, buys with an idempotency key (some send it t
 double click does), and then pays, has the payment fail, cancels, or lets the hold run out
 (``plan.Fate``). A request that gets no answer is sent again with the same key or payment id,
 as a careful client does; those are safe to repeat. Once the first crowd's holds have run out,
-a late crowd buys (and pays for) the units that came back.
+a late crowd buys (and pays for) the units that came back. Through a waiting room
+(``seckill.crowd.waiting``) each buyer queues first and buys the same way once let in.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,28 @@ class CrowdOrder:
     release_reason: str | None = None
 
 
+@dataclass(slots=True, kw_only=True)
+class QueueVisit:
+    """A buyer's time in the waiting room, as the crowd was told it. Times are the log's."""
+
+    buyer: str
+    wave: int
+    joined_at: float  # the join's answer arrived
+    before_start: bool  # the join answered no position: the draw at the start places them
+    positions: list[int] = field(default_factory=list)  # every distinct one answered, in order
+    joins: int = 1  # the replay share joins twice: the same position must come back
+    seen_admitted_at: float | None = None  # the first answer that read admitted
+    ticket_asked_at: float | None = None  # the request that was issued a ticket was sent
+    seen_sold_out_at: float | None = None  # the first answer that read sold_out
+    sold_out_gap_s: float | None = None  # from the answer before that one to it
+    answered_at: float = 0.0  # the last answer
+    state: str = "waiting"  # what the last answer read
+
+    @property
+    def position(self) -> int | None:
+        return self.positions[-1] if self.positions else None
+
+
 @dataclass(frozen=True, slots=True)
 class StockPoint:
     t: float
@@ -63,6 +86,8 @@ class CrowdLog:
     """Everything the crowd sent and was told. Times are seconds since ``started``."""
 
     started: float = field(default_factory=time.perf_counter)
+    # The same moment on the wall clock, to read the server's timestamps in the log's time.
+    wall_started: float = field(default_factory=time.time)
     samples: list[tuple[float, str, str, float]] = field(default_factory=list)
     counts: Counter[tuple[str, str]] = field(default_factory=Counter)  # (action, outcome)
     orders: dict[str, CrowdOrder] = field(default_factory=dict)
@@ -72,9 +97,15 @@ class CrowdLog:
     phase: str = "starting"
     crowd_s: float = 0.0  # wall time spent in the waves
     buyers_sent: int = 0
+    visits: dict[str, QueueVisit] = field(default_factory=dict)  # buyer -> their waiting room
+    admitted_up_to_seen: int = 0  # the furthest frontier a waiting room's answer showed
 
     def now(self) -> float:
         return time.perf_counter() - self.started
+
+    def since_start(self, wall: float) -> float:
+        """A wall-clock time (Unix seconds) in the log's time."""
+        return wall - self.wall_started
 
     def record(self, action: str, reply: Reply, *, accepted: str | None = None) -> Reply:
         outcome = accepted if accepted is not None and reply.status < 300 else reply.outcome
@@ -107,34 +138,49 @@ class Crowd:
         """Send ``buyers`` through, ``plan.concurrency`` at a time; none starts after
         ``duration_s``."""
         started = time.perf_counter()
-        deadline = None if duration_s is None else started + duration_s
+        await self.lanes(buyers, self.buyer, duration_s=duration_s)
+        self.log.crowd_s += time.perf_counter() - started
+
+    async def lanes(
+        self,
+        buyers: Iterator[BuyerSpec],
+        journey: Callable[[BuyerSpec], Awaitable[None]],
+        *,
+        duration_s: float | None,
+    ) -> None:
+        """``journey`` for each of ``buyers``, ``plan.concurrency`` at a time; none starts after
+        ``duration_s``."""
+        deadline = None if duration_s is None else time.perf_counter() + duration_s
 
         async def lane() -> None:
             for spec in buyers:  # one iterator shared by every lane
                 if deadline is not None and time.perf_counter() >= deadline:
                     return
                 self.log.buyers_sent += 1
-                await self.buyer(spec)
+                await journey(spec)
 
         await asyncio.gather(*(lane() for _ in range(self.plan.concurrency)))
-        self.log.crowd_s += time.perf_counter() - started
 
     async def buyer(self, spec: BuyerSpec) -> None:
+        issued = await self.ask_ticket(spec)
+        if issued.status == 200:
+            await self.purchase(spec, str(issued.body["ticket"]))
+
+    async def ask_ticket(self, spec: BuyerSpec) -> Reply:
+        client, item = self.client, self.item_id
+        return await self.send("ticket", lambda: client.ticket(item, spec.name), accepted="issued")
+
+    async def purchase(self, spec: BuyerSpec, ticket: str) -> None:
+        """Buy with ``ticket`` (twice with one key for the replay share), then meet the fate."""
         log, client, item = self.log, self.client, self.item_id
-        issued = await self._send(
-            "ticket", lambda: client.ticket(item, spec.name), accepted="issued"
-        )
-        if issued.status != 200:
-            return
-        ticket = str(issued.body["ticket"])
         key = f"{spec.name}-click"
 
         async def buy() -> Reply:
             return await client.buy(item, spec.name, ticket=ticket, key=key, quantity=spec.quantity)
 
-        held = await self._send("buy", buy, accepted=RESERVED)
+        held = await self.send("buy", buy, accepted=RESERVED)
         if spec.replay:  # a double click: the same key again must change nothing
-            again = await self._send("replay", buy, accepted=RESERVED)
+            again = await self.send("replay", buy, accepted=RESERVED)
             if held.status == 202:
                 log.replays += 1
                 if again.status != 202 or again.body.get("order_id") != held.body["order_id"]:
@@ -160,7 +206,7 @@ class Crowd:
             order.status, order.release_reason = OrderStatus.RELEASED, "expired"
             return
         if order.fate is Fate.CANCEL:
-            answer = await self._send("cancel", lambda: client.cancel(order.buyer, item, oid))
+            answer = await self.send("cancel", lambda: client.cancel(order.buyer, item, oid))
             self._learn(order, answer, status="status", reason=answer.body.get("release_reason"))
             return
         succeeded = order.fate is Fate.PAY
@@ -171,9 +217,9 @@ class Crowd:
                 item, oid, payment_id=f"{action}-{oid}", succeeded=succeeded
             )
 
-        answers = [await self._send(action, notify)]
+        answers = [await self.send(action, notify)]
         if repeat_notice:  # providers repeat notices: the same one again has no new effect
-            answers.append(await self._send(action, notify))
+            answers.append(await self.send(action, notify))
         for answer in answers:
             # A failure that released the hold says why; one that found it released does not.
             reason = "payment_failed" if answer.body.get("outcome") == "released" else None
@@ -184,7 +230,8 @@ class Crowd:
         if answer.status == 200:
             order.status, order.release_reason = str(answer.body[status]), reason
 
-    async def _send(self, action: str, call: Any, *, accepted: str | None = None) -> Reply:
+    async def send(self, action: str, call: Any, *, accepted: str | None = None) -> Reply:
+        """``call`` until it gets an HTTP answer (at most ``_ATTEMPTS`` sends), each recorded."""
         for _ in range(_ATTEMPTS):
             answer: Reply = self.log.record(action, await call(), accepted=accepted)
             if answer.outcome != TRANSPORT_ERROR:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from rich.console import Console, Group, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from seckill.crowd.result import CrowdResult
+from seckill.crowd.crowd import CrowdLog
+from seckill.crowd.result import CrowdResult, WaitingRoomOut
 from seckill.crowd.sale import Sale
+from seckill.domain.queue import QueueState
 
 
 class LiveView:
@@ -44,7 +48,20 @@ class LiveView:
                 f"[yellow]{redis['held']:,}[/]  sold [cyan]{redis['sold']:,}[/] of "
                 f"{redis['total']:,}   not yet in SQL: {latest['backlog']:,}"
             )
-        return Group(head, stock, answers)
+        if self.sale.queue is None:
+            return Group(head, stock, answers)
+        return Group(head, stock, _queue_line(log), answers)
+
+
+def _queue_line(log: CrowdLog) -> str:
+    states = Counter(visit.state for visit in log.visits.values())
+    before = sum(1 for visit in log.visits.values() if visit.before_start)
+    return (
+        f"waiting room: joined {len(log.visits):,} ({before:,} before the start), admitted up "
+        f"to {log.admitted_up_to_seen:,}; waiting [yellow]{states[QueueState.WAITING]:,}[/], "
+        f"admitted [green]{states[QueueState.ADMITTED]:,}[/], sold out "
+        f"[cyan]{states[QueueState.SOLD_OUT]:,}[/]"
+    )
 
 
 def print_result(console: Console, result: CrowdResult) -> None:
@@ -69,6 +86,26 @@ def print_result(console: Console, result: CrowdResult) -> None:
         shown = "[green]pass[/]" if verdict["ok"] else "[red]FAIL[/]"
         verdicts.add_row(verdict["name"], shown, verdict["detail"])
     console.print(verdicts)
+    if "waiting_room" in result:
+        console.print(_queue_summary(result["waiting_room"]))
     console.print(
         "[bold green]All checks pass.[/]" if result["passed"] else "[bold red]Checks failed.[/]"
+    )
+
+
+def _queue_summary(room: WaitingRoomOut) -> str:
+    if room["rank_correlation"] is None:
+        draw = f"too few drawn to judge the draw ({room['drawn']})"
+    else:
+        draw = (
+            f"arrival vs drawn position rho {room['rank_correlation']:+.3f} "
+            f"(|rho| < {room['unrelated_bound']:.3f})"
+        )
+    spread = room["sold_out_propagation_s"]
+    sold_out = "nobody read sold_out" if spread is None else f"{spread:.2f} s"
+    return (
+        f"Waiting room: {room['joined']:,} joined ({room['joined_before_start']:,} before the "
+        f"start), positions 1..{room['length']:,}, admitted up to {room['admitted_up_to']:,} in "
+        f"{len(room['admissions']['upto']):,} steps; {draw}; sold out reached every waiting "
+        f"buyer in {sold_out} (bound {room['propagation_bound_s']:.2f} s)"
     )

@@ -69,3 +69,18 @@ class CrowdPlan:
     def quantity(self, rng: random.Random) -> int:
         """Mostly one unit; one buyer in four asks for up to the limit (so limits are tried)."""
         return rng.randint(1, self.per_buyer_limit) if rng.random() < 0.25 else 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueuePlan:
+    """The crowd through a waiting room: the sale starts ``lead_s`` after the item is created,
+    so the first crowd joins before it (their places are drawn at the start) and the late crowd
+    after (first come, first served)."""
+
+    lead_s: float = 3.0
+    front_s: float = 0.5  # how old a poll's answer may be: SECKILL_QUEUE_FRONT_SECONDS
+    clock_tolerance_s: float = 0.0  # how far the crowd's clock may be from Redis's
+
+    def __post_init__(self) -> None:
+        if self.lead_s <= 0 or self.front_s <= 0 or self.clock_tolerance_s < 0:
+            raise ValueError("the lead and front seconds must be positive, the tolerance >= 0")

@@ -11,7 +11,7 @@ from rich.live import Live
 
 from seckill.crowd.client import ApiClient, Credentials
 from seckill.crowd.live import LiveView, print_result
-from seckill.crowd.plan import CrowdPlan
+from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.result import CrowdResult
 from seckill.crowd.sale import Sale, open_sale, run_sale
 
@@ -43,14 +43,16 @@ async def rehearse(
     console: Console,
     database_url: str | None = None,
     report_dir: Path | None = None,
+    queue: QueuePlan | None = None,
 ) -> Rehearsal:
     """Run the sale against ``url``, showing it live, then audit it and write the reports
-    (``<report_dir>/<kind>-<time>.json`` and ``.html``) unless ``report_dir`` is None."""
+    (``<report_dir>/<kind>-<time>.json`` and ``.html``) unless ``report_dir`` is None.
+    ``queue``: the crowd goes through the deployment's waiting room."""
     from seckill.crowd.report import write_reports
 
     async with session(plan.concurrency) as http:
         client = ApiClient(http, url, credentials)
-        sale = await open_sale(client, plan, kind=kind)
+        sale = await open_sale(client, plan, kind=kind, queue=queue)
         with Live(LiveView(sale), console=console, refresh_per_second=4):
             await run_sale(client, sale)
         checks = await sale.audit(client, database_url=database_url)

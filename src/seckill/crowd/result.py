@@ -6,7 +6,7 @@ seconds from the first request; latencies are milliseconds.
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 SCHEMA = "seckill.crowd/1"
 
@@ -67,6 +67,43 @@ class VerdictOut(TypedDict):
     detail: str
 
 
+class QueueSteps(TypedDict):
+    t_s: list[float]  # when the inlet took each step
+    upto: list[int]  # every position up to this one was let in by then
+
+
+class TicketTimes(TypedDict):
+    t_s: list[float]  # when a buyer let in asked for the ticket they were given
+    position: list[int]  # that buyer's position
+
+
+class WaitingRoomOut(TypedDict):
+    """The crowd's time in the waiting room (with ``--waiting-room``)."""
+
+    start_s: float  # the sale's start: the pre-start joiners' places are drawn then
+    joined: int  # buyers who joined (both waves)
+    joined_before_start: int
+    length: int  # positions the server gave (its admin queue route)
+    admitted_up_to: int  # the frontier at the end
+    out_of_order: int  # pairs of positions let in out of order (inversions)
+    tickets_before_turn: int  # tickets asked for before the buyer's position was let in
+    clock_tolerance_s: float  # how far the crowd's clock may be from Redis's
+    drawn: int  # pre-start joiners with a drawn position
+    rank_correlation: float | None  # arrival order against drawn position; None: too few
+    unrelated_bound: float | None  # |rank_correlation| below this: unrelated orders
+    positions_held_twice: int
+    positions_missing: int  # in 1..length but held by no buyer, or beyond length
+    buyers_told_two_positions: int
+    joined_twice: int  # buyers who joined again (the replay share): the same place came back
+    left_waiting: int  # buyers whose last answer still read waiting
+    last_states: dict[str, int]  # buyers by the state their last answer read
+    sold_out_propagation_s: float | None  # the first sold_out read to the last waiting buyer's
+    poll_gap_s: float  # the longest gap between a waiting buyer's answers as sold out came
+    propagation_bound_s: float  # front seconds + poll_gap_s + 1 s
+    admissions: QueueSteps
+    tickets: TicketTimes
+
+
 class CrowdResult(TypedDict):
     schema: str  # SCHEMA
     kind: Literal["demo", "bench"]
@@ -88,3 +125,4 @@ class CrowdResult(TypedDict):
     stock: StockSeries
     verdicts: list[VerdictOut]
     passed: bool
+    waiting_room: NotRequired[WaitingRoomOut]  # only through a waiting room

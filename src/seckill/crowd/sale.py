@@ -1,8 +1,15 @@
-"""One rehearsed sale: create and warm an item, send the crowd, let it settle, audit it."""
+"""One rehearsed sale: create and warm an item, send the crowd, let it settle, audit it.
+
+Through a waiting room (a ``QueuePlan``) the sale starts a few seconds after the item is made:
+the first crowd joins the queue before the start, the late crowd after it, and every buyer
+waits for their turn (``seckill.crowd.waiting``) before buying.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -11,9 +18,17 @@ from typing import Any
 from seckill.crowd.audit import read_sale_end, verdicts
 from seckill.crowd.client import ApiClient, Reply
 from seckill.crowd.crowd import Crowd, CrowdLog, StockWatch, watching
-from seckill.crowd.plan import CrowdPlan
+from seckill.crowd.plan import CrowdPlan, QueuePlan
+from seckill.crowd.queue_audit import (
+    QueueFigures,
+    measure_queue,
+    queue_out,
+    queue_verdicts,
+    read_queue_record,
+)
 from seckill.crowd.result import CrowdResult
 from seckill.crowd.summary import summarize
+from seckill.crowd.waiting import QueueCrowd
 from seckill.engine.audit import Check
 
 SETTLE_MARGIN_S = 60.0  # beyond the hold time, for the reaper and the persister to catch up
@@ -33,10 +48,13 @@ class Sale:
     item_id: int
     log: CrowdLog
     started_at: datetime
+    sale_starts_at: datetime
+    queue: QueuePlan | None = None  # None: no waiting room
     back_on_sale: dict[str, Any] | None = None
     final: dict[str, Any] | None = None
     unsettled: list[Check] = dataclasses.field(default_factory=list)
     watch: StockWatch | None = None  # while the crowd runs: the latest counters seen
+    queue_figures: QueueFigures | None = None  # measured by the audit
 
     async def audit(self, client: ApiClient, *, database_url: str | None = None) -> list[Check]:
         """The verdicts on the sale as the system keeps it now."""
@@ -50,25 +68,41 @@ class Sale:
             database_url=database_url,
             concurrency=self.plan.concurrency,
         )
-        return self.unsettled + verdicts(self.plan, self.log, end)
+        checks = self.unsettled + verdicts(self.plan, self.log, end)
+        if self.queue is not None:
+            record = await read_queue_record(client, self.item_id, self.log)
+            self.queue_figures = measure_queue(
+                list(self.log.visits.values()), record, queue=self.queue,
+                start_s=self.log.since_start(self.sale_starts_at.timestamp()),
+            )  # fmt: skip
+            checks += queue_verdicts(self.queue_figures)
+        return checks
 
     def result(self, target: str, checks: list[Check]) -> CrowdResult:
+        figures = self.queue_figures
         return summarize(
             kind=self.kind, target=target, started_at=self.started_at, plan=self.plan,
             item_id=self.item_id, log=self.log, elapsed_s=self.log.now(), checks=checks,
+            waiting_room=queue_out(figures) if figures is not None else None,
         )  # fmt: skip
 
 
-async def open_sale(client: ApiClient, plan: CrowdPlan, *, kind: str) -> Sale:
-    """Create the item (on sale from a second ago for an hour) and warm it."""
+async def open_sale(
+    client: ApiClient, plan: CrowdPlan, *, kind: str, queue: QueuePlan | None = None
+) -> Sale:
+    """Create the item (on sale for an hour: from a second ago, or through a waiting room
+    ``queue.lead_s`` from now) and warm it."""
     started_at = datetime.now(UTC)
+    starts_at = started_at + (
+        timedelta(seconds=queue.lead_s) if queue is not None else timedelta(seconds=-1)
+    )
     created = _expect(
         await client.create_item(
             name=f"{kind} {started_at:%Y-%m-%d %H:%M:%S}",
             total=plan.units,
             per_buyer_limit=plan.per_buyer_limit,
             hold_seconds=plan.hold_seconds,
-            starts_at=started_at - timedelta(seconds=1),
+            starts_at=starts_at,
             ends_at=started_at + timedelta(hours=1),
         ),
         201,
@@ -76,7 +110,10 @@ async def open_sale(client: ApiClient, plan: CrowdPlan, *, kind: str) -> Sale:
     )
     item_id = int(created.body["item_id"])
     _expect(await client.warm(item_id), 200, f"warm item {item_id}")
-    return Sale(kind=kind, plan=plan, item_id=item_id, log=CrowdLog(), started_at=started_at)
+    return Sale(
+        kind=kind, plan=plan, item_id=item_id, log=CrowdLog(), started_at=started_at,
+        sale_starts_at=starts_at, queue=queue,
+    )  # fmt: skip
 
 
 def _expect(reply: Reply, status: int, what: str) -> Reply:
@@ -97,15 +134,10 @@ async def run_sale(client: ApiClient, sale: Sale) -> None:
     sale.watch = watch
     patience = plan.hold_seconds + SETTLE_MARGIN_S
     async with watching(watch):
-        log.phase = "first crowd"
-        await crowd.run_wave(crowd.first_wave(), duration_s=plan.duration_s)
-        log.phase = "holds running out"
-        sale.back_on_sale = await _wait(
-            sale, watch, lambda c: c["redis"]["held"] == 0, patience, "holds ran out"
-        )
-        if plan.late_crowd:
-            log.phase = "late crowd"
-            await crowd.run_wave(crowd.late_wave(), duration_s=None)
+        if sale.queue is None:
+            await _crowds(crowd, sale, watch, patience)
+        else:
+            await _crowds_through_the_queue(QueueCrowd(crowd), sale, watch, patience)
         log.phase = "landing in SQL"
         sale.final = await _wait(
             sale,
@@ -115,6 +147,57 @@ async def run_sale(client: ApiClient, sale: Sale) -> None:
             "sale settled",
         )
     log.phase = "audit"
+
+
+async def _crowds(crowd: Crowd, sale: Sale, watch: StockWatch, patience: float) -> None:
+    """The first crowd, the wait for its holds to run out, then the late crowd."""
+    plan, log = sale.plan, sale.log
+    log.phase = "first crowd"
+    await crowd.run_wave(crowd.first_wave(), duration_s=plan.duration_s)
+    await _holds_run_out(sale, watch, patience)
+    if plan.late_crowd:
+        log.phase = "late crowd"
+        await crowd.run_wave(crowd.late_wave(), duration_s=None)
+
+
+async def _crowds_through_the_queue(
+    room: QueueCrowd, sale: Sale, watch: StockWatch, patience: float
+) -> None:
+    """The first crowd joins before the start, the late crowd after it; everyone waits for
+    their turn, or for the truth (sold out); then the holds run out. A buyer still waiting
+    when nobody has left the queue for ``patience`` seconds is given up on (a failed check)."""
+    plan, log, crowd = sale.plan, sale.log, room.crowd
+    started = time.perf_counter()
+    log.phase = "first crowd joining"
+    first_wave = crowd.first_wave()
+    first = await room.join(next(first_wave))
+    if first.outcome == "no_waiting_room":
+        raise SaleRefused(
+            "the deployment runs no waiting room (404 no_waiting_room): serve it with "
+            "SECKILL_WAITING_ROOM=true, or rehearse without --waiting-room"
+        )
+    _expect(first, 200, "join the waiting room")
+    log.buyers_sent += 1
+    await room.enter_all(first_wave, duration_s=plan.duration_s)
+    if plan.late_crowd:
+        log.phase = "waiting for the start"
+        await asyncio.sleep(max(0.0, (sale.sale_starts_at - datetime.now(UTC)).total_seconds()))
+        log.phase = "late crowd joining"
+        await room.enter_all(crowd.late_wave(), duration_s=None)
+    log.phase = "waiting room"
+    given_up = await room.drained(patience)
+    log.crowd_s += time.perf_counter() - started
+    if given_up:
+        detail = f"{given_up:,} buyers still waiting after nobody left for {patience:.0f} s"
+        sale.unsettled.append(Check("queue moved", False, detail))
+    await _holds_run_out(sale, watch, patience)
+
+
+async def _holds_run_out(sale: Sale, watch: StockWatch, patience: float) -> None:
+    sale.log.phase = "holds running out"
+    sale.back_on_sale = await _wait(
+        sale, watch, lambda c: c["redis"]["held"] == 0, patience, "holds ran out"
+    )
 
 
 async def _wait(

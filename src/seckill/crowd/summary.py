@@ -20,6 +20,7 @@ from seckill.crowd.result import (
     PlanOut,
     StockSeries,
     Timeline,
+    WaitingRoomOut,
 )
 from seckill.engine.audit import Check
 
@@ -46,11 +47,12 @@ def summarize(
     log: CrowdLog,
     elapsed_s: float,
     checks: list[Check],
+    waiting_room: WaitingRoomOut | None = None,
 ) -> CrowdResult:
     samples = log.samples
     crowd_s = log.crowd_s or elapsed_s
     requests = len(samples)
-    return CrowdResult(
+    result = CrowdResult(
         schema=SCHEMA,
         kind="demo" if kind == "demo" else "bench",
         seckill_version=__version__,
@@ -72,6 +74,9 @@ def summarize(
         verdicts=[{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
         passed=all(c.ok for c in checks),
     )
+    if waiting_room is not None:
+        result["waiting_room"] = waiting_room
+    return result
 
 
 def _plan(plan: CrowdPlan) -> PlanOut:
