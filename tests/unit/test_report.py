@@ -3,7 +3,7 @@
 The page is read back with the standard library's HTML parser, so every check is on what a
 browser would see: the embedded result, each table cell's text and exact number, and every
 resource the page could load. One more test opens the page in headless Chromium with the
-network cut off and checks that uPlot drew the three charts.
+network cut off and checks that uPlot drew the three charts (four through a waiting room).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from seckill.crowd.report import render_html, write_reports
-from seckill.crowd.result import SCHEMA, CrowdResult, VerdictOut
+from seckill.crowd.result import SCHEMA, CrowdResult, VerdictOut, WaitingRoomOut
 from tests.chromium import CHROMIUM_ARGS, chromium_path
 from tests.report_page import body_rows, cells, numbers, parse, texts
 
@@ -252,4 +252,76 @@ def test_chromium_draws_three_charts_offline(tmp_path: Path) -> None:
         assert re.search(rf'id="{chart}"><div class="uplot\b.*?<canvas', drawn, re.S), chart
     # Each chart's legend names its series.
     for label in ("requests/s", "buy sold_out", "pay paid", "available", "held", "backlog"):
+        assert re.search(rf'class="u-label"[^>]*>{label}<', drawn), label
+
+
+def waiting_room() -> WaitingRoomOut:
+    """A run through a waiting room: 5,200 joined, 5,000 before the start, 240 let in."""
+    return {
+        "start_s": 3.004,
+        "joined": 5200,
+        "joined_before_start": 5000,
+        "length": 5200,
+        "admitted_up_to": 240,
+        "out_of_order": 0,
+        "tickets_before_turn": 0,
+        "clock_tolerance_s": 1.0,
+        "drawn": 5000,
+        "rank_correlation": -0.0123,
+        "unrelated_bound": 0.0566,
+        "positions_held_twice": 0,
+        "positions_missing": 0,
+        "buyers_told_two_positions": 0,
+        "joined_twice": 260,
+        "left_waiting": 0,
+        "last_states": {"admitted": 240, "sold_out": 4960},
+        "sold_out_propagation_s": 2.125,
+        "poll_gap_s": 2.31,
+        "propagation_bound_s": 3.81,
+        "admissions": {"t_s": [3.1, 3.6, 4.1, 6.2], "upto": [50, 100, 200, 240]},
+        "tickets": {"t_s": [3.31, 3.35, 3.9, 4.4, 6.5], "position": [7, 31, 88, 150, 233]},
+    }
+
+
+def test_a_waiting_room_shows_its_figures_and_nothing_shows_without_one() -> None:
+    result = crowd_result(passed=True)
+    assert "waiting-room" not in parse(render_html(result)).tables
+    assert 'id="chart-queue"' not in render_html(result)
+
+    result["waiting_room"] = room = waiting_room()
+    page = render_html(result)
+    parsed = parse(page)
+    assert json.loads(parsed.result_text or "") == result
+    shown = cells(parsed, "waiting-room")
+    figures = numbers(shown)
+    assert figures == {k: v for k, v in room.items() if not isinstance(v, dict)}
+    assert texts(shown)["rank_correlation"] == "-0.012"
+    assert texts(shown)["joined"] == "5,200"
+    assert texts(shown)["last_states"] == "admitted 240, sold_out 4,960"
+    assert 'id="chart-queue"' in page
+
+
+def test_chromium_draws_the_waiting_room_chart_offline(tmp_path: Path) -> None:
+    result = crowd_result(passed=True)
+    result["waiting_room"] = waiting_room()
+    _, html_path = write_reports(result, tmp_path, "demo")
+    dom = subprocess.run(
+        [
+            chromium_path(),
+            "--headless",
+            *CHROMIUM_ARGS,
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            html_path.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    drawn = re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)
+    assert len(re.findall(r'<div class="uplot\b', drawn)) == 4
+    assert re.search(r'id="chart-queue"><div class="uplot\b.*?<canvas', drawn, re.S)
+    for label in ("admitted up to", "tickets"):
         assert re.search(rf'class="u-label"[^>]*>{label}<', drawn), label

@@ -2,17 +2,19 @@
 
 The HTML page is one file that needs no network: uPlot (vendored in ``seckill/static/vendor``)
 and the result itself are inlined. Every figure and table is rendered here, so the page reads
-without JavaScript; the inline script only draws the three charts from the embedded result.
+without JavaScript; the inline script only draws the charts from the embedded result (three,
+and a fourth for a run through a waiting room).
 """
 
 from __future__ import annotations
 
 import html
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from string import Template
 
-from seckill.crowd.result import CrowdResult
+from seckill.crowd.result import CrowdResult, WaitingRoomOut
 from seckill.pages import uplot_fields
 
 # A share of the crowd's buyers, shown as a percentage.
@@ -66,6 +68,7 @@ $outcomes
 <div class="chart" id="chart-latency"></div>
 <h2>Stock</h2>
 <div class="chart" id="chart-stock"></div>
+$waiting_room
 <noscript><p>The charts need JavaScript; the tables hold every figure.</p></noscript>
 <h2>Plan</h2>
 $plan
@@ -187,6 +190,35 @@ _CHARTS_JS = """\
     ],
   }, [st.t_s, st.available, st.held, st.sold, st.backlog]);
 
+  // The waiting room: the frontier the inlet moved (each step holds until the next one), from
+  // 0 at the start to the end of the run, and, as points, when each buyer let in asked for a
+  // ticket, at their position: every point sits on or after the step that let its buyer in.
+  var room = result.waiting_room;
+  if (room) {
+    var stepT = room.admissions.t_s, stepUpto = room.admissions.upto;
+    var ticketT = room.tickets.t_s;
+    // The crowd's clock gave the start; a step on another host's clock may read earlier.
+    var t0 = stepT.length ? Math.min(room.start_s, stepT[0]) : room.start_s;
+    var frontier = [[t0].concat(stepT), [0].concat(stepUpto)];
+    var last = Math.max(stepT.length ? stepT[stepT.length - 1] : t0,
+                        ticketT.length ? ticketT[ticketT.length - 1] : t0);
+    if (last > frontier[0][frontier[0].length - 1]) {
+      frontier[0].push(last);
+      frontier[1].push(frontier[1][frontier[1].length - 1]);
+    }
+    draw("chart-queue", {
+      scales: { x: { time: false } },
+      axes: [{ label: "seconds since the first request" }, { label: "position" }],
+      series: [
+        { label: "t (s)" },
+        { label: "admitted up to", stroke: palette[0], width: 2, paths: steps(), spanGaps: true,
+          points: { show: false } },
+        { label: "tickets", stroke: palette[1], paths: function () { return null; },
+          points: { show: true, size: 5, fill: palette[1] } },
+      ],
+    }, uPlot.join([frontier, [ticketT, room.tickets.position]]));
+  }
+
   window.addEventListener("resize", function () {
     charts.forEach(function (c) { c.plot.setSize({ width: widthOf(c.el), height: height }); });
   });
@@ -215,6 +247,7 @@ def render_html(result: CrowdResult) -> str:
         verdicts=_verdicts(result),
         outcomes=_outcomes(result),
         plan=_plan(result),
+        waiting_room=_waiting_room(result["waiting_room"]) if "waiting_room" in result else "",
         footer=_text(f"{result['schema']} · written by seckill {result['seckill_version']}"),
         result_json=_embedded_json(result),
         charts_js=_CHARTS_JS,
@@ -236,7 +269,7 @@ def _text(value: object) -> str:
     return html.escape(str(value))
 
 
-def _number(field: str, value: object, *, percent: bool = False) -> str:
+def _number(field: str, value: object, *, percent: bool = False, digits: int = 2) -> str:
     """A numeric cell: the figure for people, the exact JSON number in ``data-value``."""
     if value is None:
         shown = "—"
@@ -247,7 +280,7 @@ def _number(field: str, value: object, *, percent: bool = False) -> str:
     elif isinstance(value, int):
         shown = f"{value:,}"
     else:
-        shown = f"{value:,.2f}"
+        shown = f"{value:,.{digits}f}"
     return (
         f'<td class="num" data-field="{_text(field)}" data-value="{_text(json.dumps(value))}">'
         f"{shown}</td>"
@@ -340,3 +373,48 @@ def _plan(result: CrowdResult) -> str:
         for field, value in result["plan"].items()
     ]
     return _table("plan", None, rows)
+
+
+# The waiting room's figures, in the order the page shows them; the rest of the result's
+# waiting room is the chart's data and the last states (a row of their own).
+_QUEUE_FIGURES = (
+    ("start_s", "the sale's start (s since the first request)"),
+    ("joined", "buyers who joined"),
+    ("joined_before_start", "joined before the start (placed by the draw)"),
+    ("length", "positions given (the server's count)"),
+    ("admitted_up_to", "admitted up to"),
+    ("out_of_order", "positions let in out of order"),
+    ("tickets_before_turn", "tickets asked for before the buyer's turn"),
+    ("clock_tolerance_s", "clock tolerance (s)"),
+    ("drawn", "pre-start joiners judged"),
+    ("rank_correlation", "arrival vs drawn position (Spearman's rho)"),
+    ("unrelated_bound", "unrelated orders stay below |rho|"),
+    ("positions_held_twice", "positions held twice"),
+    ("positions_missing", "positions held by nobody"),
+    ("buyers_told_two_positions", "buyers told two positions"),
+    ("joined_twice", "buyers who joined twice"),
+    ("left_waiting", "buyers still waiting at the end"),
+    ("sold_out_propagation_s", "sold out: first reader to last waiting reader (s)"),
+    ("poll_gap_s", "longest gap between a waiting buyer's answers (s)"),
+    ("propagation_bound_s", "bound on that spread (s)"),
+)
+_THREE_DIGITS = frozenset({"rank_correlation", "unrelated_bound"})
+
+
+def _waiting_room(room: WaitingRoomOut) -> str:
+    figures: Mapping[str, object] = room
+    rows = [
+        f'<tr><th scope="row">{_text(label)}</th>'
+        f"{_number(field, figures[field], digits=3 if field in _THREE_DIGITS else 2)}</tr>"
+        for field, label in _QUEUE_FIGURES
+    ]
+    states = ", ".join(f"{state} {n:,}" for state, n in room["last_states"].items())
+    rows.append(
+        '<tr><th scope="row">last states</th>'
+        f'<td data-field="last_states">{_text(states)}</td></tr>'
+    )
+    return (
+        "<h2>Waiting room</h2>\n"
+        + _table("waiting-room", None, rows)
+        + '\n<h2>Positions let in, and tickets</h2>\n<div class="chart" id="chart-queue"></div>'
+    )
