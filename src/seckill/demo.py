@@ -5,15 +5,18 @@ free port with a throwaway data directory: its own embedded redis-server and SQL
 SECKILL_REDIS_URL / SECKILL_DATABASE_URL say otherwise; with ``redis_cluster`` masters, a local
 Redis Cluster (``seckill.redis_cluster``) started for the demo. The crowd (``seckill.crowd``) then
 rushes it through HTTP exactly as ``seckill bench`` rushes a real deployment, and audits what
-it left, reading SQL directly as well.
+it left, reading SQL directly as well. With ``waiting_room`` the server runs a waiting room
+(``waiting_room_env``, on a Redis 7: ``redis7_server``) and the crowd queues in it first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,13 +29,16 @@ from rich.console import Console
 
 from seckill.config import Settings
 from seckill.crowd.client import Credentials
-from seckill.crowd.plan import CrowdPlan
+from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.rehearsal import rehearse
 from seckill.redis_cluster import LocalCluster
+from seckill.redis_server import server_version
 
 STARTUP_LIMIT_S = 60
 STOP_LIMIT_S = 30
 _LISTENING = re.compile(r"API on (http://\S+) ")
+QUEUE_PER_UNIT = 2  # positions let in per unit available within a turn
+QUEUE_FRONT_S = 0.5  # how old a poll's answer may be; the crowd's sold-out bound uses it
 
 
 class ServerFailed(RuntimeError):
@@ -40,38 +46,74 @@ class ServerFailed(RuntimeError):
 
 
 def run_demo(
-    plan: CrowdPlan, *, report_dir: Path, console: Console, redis_cluster: int = 0
+    plan: CrowdPlan,
+    *,
+    report_dir: Path,
+    console: Console,
+    redis_cluster: int = 0,
+    waiting_room: bool = False,
 ) -> bool:
     """Serve on a throwaway data directory, rush it with ``plan``'s crowd, audit what it left;
     True if every verdict passes. Raises ServerFailed if the server did not start.
 
     ``redis_cluster``: that many masters (a replica each) of a local Redis Cluster, instead of
-    the embedded Redis."""
+    the embedded Redis. ``waiting_room``: the server runs one and the crowd queues first."""
     # The demo's data directory is throwaway: it never touches the real one.
     with (
         tempfile.TemporaryDirectory(prefix="seckill-demo-") as scratch,
         contextlib.ExitStack() as stack,
     ):
         settings = demo_settings(Path(scratch))
-        redis_env: dict[str, str] = {}
+        queue = QueuePlan(front_s=QUEUE_FRONT_S) if waiting_room else None
+        server_env = waiting_room_env(plan) if waiting_room else {}
+        binary = settings.redis_server_bin or None
+        if waiting_room and binary is None and not settings.redis_url:
+            binary = redis7_server()
+            server_env["SECKILL_REDIS_SERVER_BIN"] = binary
         if redis_cluster:
             with console.status(f"starting a Redis Cluster of {redis_cluster} masters"):
                 cluster = stack.enter_context(
-                    LocalCluster(
-                        masters=redis_cluster, replicas=1, binary=settings.redis_server_bin or None
-                    )
+                    LocalCluster(masters=redis_cluster, replicas=1, binary=binary)
                 )
             console.print(f"Redis Cluster up: {redis_cluster} masters, a replica each")
-            redis_env = {"SECKILL_REDIS_URL": cluster.url, "SECKILL_REDIS_CLUSTER": "true"}
+            server_env |= {"SECKILL_REDIS_URL": cluster.url, "SECKILL_REDIS_CLUSTER": "true"}
         with console.status("starting seckill serve: API, persister, reaper, reconciler"):
-            url = stack.enter_context(serving(settings.data_dir, redis_env))
+            url = stack.enter_context(serving(settings.data_dir, server_env))
         console.print(f"seckill serve is up on {url}; the crowd rushes in")
         credentials = Credentials.from_settings(settings)
         rehearsal = rehearse(
             url, plan, credentials, kind="demo", console=console,
-            database_url=settings.effective_database_url, report_dir=report_dir,
+            database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
+
+
+def redis7_server() -> str:
+    """A redis-server 7 from PATH, for a waiting room: the inlet's log of its steps adds each
+    entry under its time (``XADD key <ms>-*``), which the bundled Redis 6.2 refuses."""
+    found = shutil.which("redis-server")
+    if found is None or server_version(found) < (7,):
+        raise ServerFailed(
+            "the waiting room needs Redis 7 and the bundled one is 6.2: install redis-server 7 "
+            "(apt-get install redis-server) or name one in SECKILL_REDIS_SERVER_BIN"
+        )
+    return found
+
+
+def waiting_room_env(plan: CrowdPlan) -> dict[str, str]:
+    """The demo server's waiting room, paced for ``plan``: a turn as long as a hold, so a unit
+    that comes back is offered down the line about when it does; two admissions per unit
+    within a turn; and a rate that lets one turn's worth in over the turn, so the line moves
+    steadily (for seconds, with the default crowd) instead of in one jump per turn."""
+    turn_s = plan.hold_seconds
+    rate = max(1, math.ceil(QUEUE_PER_UNIT * plan.units / turn_s))
+    return {
+        "SECKILL_WAITING_ROOM": "true",
+        "SECKILL_QUEUE_ADMIT_PER_SECOND": str(rate),
+        "SECKILL_QUEUE_ADMIT_PER_UNIT": str(QUEUE_PER_UNIT),
+        "SECKILL_QUEUE_TURN_SECONDS": str(turn_s),
+        "SECKILL_QUEUE_FRONT_SECONDS": str(QUEUE_FRONT_S),
+    }
 
 
 def demo_settings(data_dir: Path) -> Settings:
@@ -81,13 +123,13 @@ def demo_settings(data_dir: Path) -> Settings:
 
 
 @contextlib.contextmanager
-def serving(data_dir: Path, redis_env: dict[str, str] | None = None) -> Iterator[str]:
-    """``seckill serve`` in a child process until exit; yields its base URL. ``redis_env``
-    names a Redis other than the embedded one."""
+def serving(data_dir: Path, server_env: dict[str, str] | None = None) -> Iterator[str]:
+    """``seckill serve`` in a child process until exit; yields its base URL. ``server_env``
+    adds settings: a Redis other than the embedded one, a waiting room."""
     log_path = data_dir / "serve.log"
     env = {
         **os.environ,
-        **(redis_env or {}),
+        **(server_env or {}),
         "SECKILL_DATA_DIR": str(data_dir),
         "SECKILL_API_HOST": "127.0.0.1",
         "SECKILL_API_PORT": "0",  # a free port; the server logs which

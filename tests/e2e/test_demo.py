@@ -1,5 +1,6 @@
 """The README's main job and the bench, at a small size, through the real command line: a
-server on embedded defaults, a crowd over HTTP, the verdict, and the reports."""
+server on embedded defaults, a crowd over HTTP (through a waiting room too), the verdict, and
+the reports."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from seckill.demo import serving
-from tests.report_page import body_rows, numbers, parse, texts
+from tests.report_page import body_rows, cells, numbers, parse, texts
 
 VERDICTS = (
     "not oversold",
@@ -22,6 +23,13 @@ VERDICTS = (
     "released units resold or on sale",
     "Redis == SQL",
     "server audit",
+)
+QUEUE_VERDICTS = (
+    "admitted in position order",
+    "pre-start joiners in random order",
+    "positions unique and contiguous",
+    "nobody left waiting",
+    "sold out reached everyone",
 )
 
 
@@ -110,3 +118,43 @@ def test_bench_refuses_bad_options_and_an_unreachable_url(tmp_path: Path) -> Non
     nobody = run("bench", "--url", "http://127.0.0.1:9", "--buyers", "5", data_dir=tmp_path)
     assert nobody.returncode == 2
     assert "error:" in nobody.stdout and "127.0.0.1:9" in nobody.stdout
+
+
+def test_the_demo_through_a_waiting_room_passes_its_queue_verdicts(tmp_path: Path) -> None:
+    done = run(
+        "demo", "--waiting-room", "--buyers", "300", "--units", "10",
+        "--report-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "through a waiting room" in done.stdout
+    assert "All checks pass." in done.stdout and "FAIL" not in done.stdout
+    for verdict in QUEUE_VERDICTS:
+        assert verdict in done.stdout
+    assert "Waiting room: 375 joined (300 before the start), positions 1..375" in done.stdout
+    result, page = reports(tmp_path)
+    assert result["passed"]
+    assert [v["name"] for v in result["verdicts"]] == [*VERDICTS, *QUEUE_VERDICTS]
+    room = result["waiting_room"]
+    assert room["joined"] == room["length"] == 375 and room["drawn"] == 300
+    assert room["left_waiting"] == 0 and room["tickets_before_turn"] == 0
+    assert room["sold_out_propagation_s"] is not None
+    assert room["sold_out_propagation_s"] <= room["propagation_bound_s"]
+    assert result["stock"]["sold"][-1] == 10  # the queue sold every unit
+    assert_page_shows(result, page)
+    shown = numbers(cells(parse(page), "waiting-room"))
+    assert shown["joined"] == 375 and shown["rank_correlation"] == room["rank_correlation"]
+
+
+def test_bench_through_a_waiting_room_needs_a_deployment_that_runs_one(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    with serving(data) as url:
+        done = run(
+            "bench", "--url", url, "--waiting-room", "--buyers", "20", "--units", "5",
+            "--report-dir", str(tmp_path / "reports"), data_dir=data,
+        )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "runs no waiting room (404 no_waiting_room)" in done.stdout
+    assert "SECKILL_WAITING_ROOM=true" in done.stdout
+    assert not (tmp_path / "reports").exists()

@@ -16,6 +16,9 @@ from seckill.crowd.plan import CrowdPlan
 commands = typer.Typer()
 
 _PLAN = {f.name: f.default for f in dataclasses.fields(CrowdPlan)}  # the crowd's defaults
+# How far apart the crowd's clock and a deployment's Redis may be: hosts kept by NTP agree to
+# well within it. On one host (the demo) there is one clock.
+BENCH_CLOCK_S = 1.0
 _REPORT_DIR = typer.Option(
     Path("seckill-reports"), help="Where the JSON result and the HTML report are written."
 )
@@ -23,6 +26,11 @@ _CONCURRENCY = typer.Option(_PLAN["concurrency"], min=1, help="Buyers in flight 
 _LIMIT = typer.Option(_PLAN["per_buyer_limit"], min=1, help="Units one buyer may hold or buy.")
 _HOLD = typer.Option(_PLAN["hold_seconds"], min=1, help="Seconds a buyer has to pay.")
 _UNITS = typer.Option(_PLAN["units"], min=1, help="Units on sale.")
+_WAITING_ROOM_HELP = (
+    "The crowd queues in the waiting room first: the sale starts a few seconds after the item "
+    "is made, the first crowd joins before it, the late crowd after; five more verdicts judge "
+    "the queue."
+)
 
 
 @commands.command()
@@ -40,6 +48,9 @@ def demo(
         help="Run on a local Redis Cluster of this many masters (a replica each), not the "
         "embedded Redis.",
     ),
+    waiting_room: bool = typer.Option(
+        False, help=_WAITING_ROOM_HELP + " The server runs one, paced for the crowd."
+    ),
 ) -> None:
     """A live flash sale on embedded defaults, rushed by a crowd over HTTP, and its verdict.
 
@@ -54,11 +65,16 @@ def demo(
     console.print(
         f"[bold]Flash sale[/]: {plan.buyers:,} buyers (then {plan.late_crowd:,} late ones) for "
         f"{plan.units:,} units, limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s,"
-        f" {plan.concurrency} in flight"
+        f" {plan.concurrency} in flight" + (", through a waiting room" if waiting_room else "")
     )
-    _verdict(
-        lambda: run_demo(plan, report_dir=report_dir, console=console, redis_cluster=redis_cluster)
-    )
+
+    def run() -> bool:
+        return run_demo(
+            plan, report_dir=report_dir, console=console, redis_cluster=redis_cluster,
+            waiting_room=waiting_room,
+        )  # fmt: skip
+
+    _verdict(run)
 
 
 @commands.command()
@@ -97,6 +113,11 @@ def bench(
     ),
     seed: int = typer.Option(_PLAN["seed"], help="The crowd's random seed."),
     report_dir: Path = _REPORT_DIR,
+    waiting_room: bool = typer.Option(
+        False,
+        help=_WAITING_ROOM_HELP + " The deployment must run one (SECKILL_WAITING_ROOM=true); "
+        "its SECKILL_QUEUE_FRONT_SECONDS sets the sold-out bound, and clocks may differ by 1 s.",
+    ),
 ) -> None:
     """Rehearse a sale against a running deployment and print the verdict.
 
@@ -105,6 +126,7 @@ def bench(
     signed with the deployment's keys, read from the same SECKILL_* settings it runs with.
     """
     from seckill.crowd.client import Credentials
+    from seckill.crowd.plan import QueuePlan
     from seckill.crowd.rehearsal import rehearse
 
     plan = _plan(
@@ -112,15 +134,19 @@ def bench(
         per_buyer_limit=limit, hold_seconds=hold_seconds, concurrency=concurrency, pay=pay,
         fail=fail, cancel=cancel, replay=replay, seed=seed,
     )  # fmt: skip
+    settings = current_settings()
     try:
-        credentials = Credentials.from_settings(current_settings(), admin_token=admin_token)
+        credentials = Credentials.from_settings(settings, admin_token=admin_token)
     except ValueError as exc:
         abort(exc)
+    queue = None
+    if waiting_room:  # the crowd's clock and the deployment's Redis may be on other hosts
+        queue = QueuePlan(front_s=settings.queue_front_seconds, clock_tolerance_s=BENCH_CLOCK_S)
 
     def run() -> bool:
         rehearsal = rehearse(
             url, plan, credentials, kind="bench", console=console, database_url=database_url,
-            report_dir=report_dir,
+            report_dir=report_dir, queue=queue,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
 
