@@ -6,7 +6,7 @@ SECKILL_REDIS_URL / SECKILL_DATABASE_URL say otherwise; with ``redis_cluster`` m
 Redis Cluster (``seckill.redis_cluster``) started for the demo. The crowd (``seckill.crowd``) then
 rushes it through HTTP exactly as ``seckill bench`` rushes a real deployment, and audits what
 it left, reading SQL directly as well. With ``waiting_room`` the server runs a waiting room
-(``waiting_room_env``, on a Redis 7: ``redis7_server``) and the crowd queues in it first.
+(``waiting_room_env``) and the crowd queues in it first.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import contextlib
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,6 @@ from seckill.crowd.client import Credentials
 from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.rehearsal import rehearse
 from seckill.redis_cluster import LocalCluster
-from seckill.redis_server import server_version
 
 STARTUP_LIMIT_S = 60
 STOP_LIMIT_S = 30
@@ -67,9 +65,6 @@ def run_demo(
         queue = QueuePlan(front_s=QUEUE_FRONT_S) if waiting_room else None
         server_env = waiting_room_env(plan) if waiting_room else {}
         binary = settings.redis_server_bin or None
-        if waiting_room and binary is None and not settings.redis_url:
-            binary = redis7_server()
-            server_env["SECKILL_REDIS_SERVER_BIN"] = binary
         if redis_cluster:
             with console.status(f"starting a Redis Cluster of {redis_cluster} masters"):
                 cluster = stack.enter_context(
@@ -86,18 +81,6 @@ def run_demo(
             database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
-
-
-def redis7_server() -> str:
-    """A redis-server 7 from PATH, for a waiting room: the inlet's log of its steps adds each
-    entry under its time (``XADD key <ms>-*``), which the bundled Redis 6.2 refuses."""
-    found = shutil.which("redis-server")
-    if found is None or server_version(found) < (7,):
-        raise ServerFailed(
-            "the waiting room needs Redis 7 and the bundled one is 6.2: install redis-server 7 "
-            "(apt-get install redis-server) or name one in SECKILL_REDIS_SERVER_BIN"
-        )
-    return found
 
 
 def waiting_room_env(plan: CrowdPlan) -> dict[str, str]:

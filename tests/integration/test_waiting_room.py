@@ -29,7 +29,7 @@ from seckill.workers.loop import run_until_stopped
 from tests.conftest import ManualClock, RedisTarget, open_item
 from tests.polling import wait_until
 
-pytestmark = pytest.mark.redis_variants("redis7", "cluster")
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 LEAD_MS = 600_000
 TURN_MS = 60_000

@@ -55,7 +55,13 @@ end
 local moved = 0
 if target > admitted then
   moved = target - admitted
-  redis.call("XADD", Q.admissions, decimal(now) .. "-*", "upto", decimal(target))
+  -- The entry id spelled out (Redis 6.2 has no "<ms>-*"): the next in this millisecond.
+  local seq = 0
+  local latest = redis.call("XREVRANGE", Q.admissions, "+", "-", "COUNT", 1)[1]
+  if latest and latest[1]:match("^(%d+)-") == decimal(now) then
+    seq = tonumber(latest[1]:match("-(%d+)$")) + 1
+  end
+  redis.call("XADD", Q.admissions, decimal(now) .. "-" .. seq, "upto", decimal(target))
   credit = credit - moved
   admitted = target
 end
