@@ -57,6 +57,8 @@ async def queue_report(queues: Queues, item_id: int) -> QueueReport:
 
 
 class WaitingRoom:
+    """The waiting rooms as one API process serves them (see the module's docstring)."""
+
     def __init__(
         self,
         *,
@@ -125,8 +127,10 @@ class WaitingRoom:
             return ADMITTED
         front = await self._front(item_id)
         seen = standing(place.position, front, self._clock())
-        if seen.state in (QueueState.SOLD_OUT, QueueState.ENDED):
-            return GateDecision(admitted=False, retry_after_seconds=60, message=f"{seen.state}")
+        if seen.state is QueueState.SOLD_OUT:
+            return GateDecision(admitted=False, retry_after_seconds=60, message="sold out")
+        if seen.state is QueueState.ENDED:
+            return GateDecision(admitted=False, retry_after_seconds=60, message="the sale ended")
         ahead = "not drawn yet" if seen.ahead is None else f"{seen.ahead} ahead of you"
         return GateDecision(
             admitted=False,
