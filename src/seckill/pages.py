@@ -1,13 +1,23 @@
 """What every page seckill writes or serves shares: its files in ``static/``, inlined.
 
 The crowd's HTML report and the operator dashboard each are one file with uPlot (vendored in
-``static/vendor``) and their own script inside, so they open with no network at all.
+``static/vendor``) and their own script inside, so they open with no network at all; the pages
+the API serves (the dashboard, the buyers' waiting page) are sent with ``PAGE_HEADERS``.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from importlib.resources import files
+
+# A served page holds everything it needs; it may only call back to where it came from.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; "
+    "form-action 'none'; frame-ancestors 'none'",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 @cache

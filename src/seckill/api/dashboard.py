@@ -24,20 +24,11 @@ from seckill.api.context import Context, context
 from seckill.api.errors import documented
 from seckill.api.schemas import Counters
 from seckill.domain.rules import MAX_ID
-from seckill.pages import inline, static_text, uplot_fields
+from seckill.pages import PAGE_HEADERS, inline, static_text, uplot_fields
 from seckill.services.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot
 
 router = APIRouter()
 Ctx = Annotated[Context, Depends(context)]
-
-# Everything the page needs is in it; it may only call back to where it came from.
-_PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; "
-    "style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; "
-    "form-action 'none'; frame-ancestors 'none'",
-    "Referrer-Policy": "no-referrer",
-    "X-Content-Type-Options": "nosniff",
-}
 
 
 class DashboardItem(BaseModel):
@@ -119,7 +110,7 @@ async def dashboard_data(_: AdminIdentity, ctx: Ctx, item: ItemQuery = None) -> 
 
 @router.get("/dashboard", include_in_schema=False, response_class=HTMLResponse)
 async def dashboard_page() -> HTMLResponse:
-    return HTMLResponse(render_page(), headers=_PAGE_HEADERS)
+    return HTMLResponse(render_page(), headers=PAGE_HEADERS)
 
 
 @cache
