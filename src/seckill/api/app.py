@@ -10,7 +10,17 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from seckill import __version__
-from seckill.api import admin, buyers, dashboard, health, metrics, payments, queue, tickets
+from seckill.api import (
+    admin,
+    buyers,
+    dashboard,
+    health,
+    metrics,
+    payments,
+    queue,
+    tickets,
+    waiting_page,
+)
 from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.lean_routes import LeanRoutes
@@ -66,7 +76,8 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    for module in (buyers, tickets, queue, admin, payments, health, metrics, dashboard):
+    routers = (buyers, tickets, queue, admin, payments, health, metrics, dashboard, waiting_page)
+    for module in routers:
         app.include_router(module.router)
     # The other routes' layers; the lean routes do the same for themselves.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
