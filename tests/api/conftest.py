@@ -248,6 +248,25 @@ async def running_api(
                 await asyncio.gather(*tasks)
 
 
+@contextlib.asynccontextmanager
+async def waiting_room_api(
+    redis_server: RedisTarget, sql_url: str, data_dir: Path, **pace: Any
+) -> AsyncIterator[Api]:
+    """The API with a waiting room and a quick inlet (a step every 50 ms, answers at most 50 ms
+    old); ``pace`` sets the queue_admit_* settings."""
+    settings = api_settings(
+        **redis_settings(redis_server),
+        database_url=sql_url,
+        data_dir=data_dir,
+        waiting_room=True,
+        queue_inlet_interval_seconds=0.05,
+        queue_front_seconds=0.05,
+        **pace,
+    )
+    async with running_api(settings, workers=(WorkerKind.INLET,)) as live:
+        yield live
+
+
 @pytest.fixture
 async def api(
     redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path

@@ -15,10 +15,9 @@ from redis.asyncio import Redis
 from seckill.domain.queue import QueueState
 from seckill.security.passes import PASS_HEADER, PassCodec, QueuePass
 from seckill.security.tickets import ticket_secret
-from seckill.serve import WorkerKind
 from seckill.store.ledger import Ledger
-from tests.api.conftest import Answer, Api, api_settings, running_api
-from tests.conftest import RedisTarget, redis_settings
+from tests.api.conftest import Answer, Api, waiting_room_api
+from tests.conftest import RedisTarget
 from tests.polling import wait_until
 
 pytestmark = [
@@ -32,17 +31,8 @@ async def queued(
     redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Api]:
     """The API with a waiting room and its inlet (5 a second, 1 per unit in a turn)."""
-    settings = api_settings(
-        **redis_settings(redis_server),
-        database_url=sql_url,
-        data_dir=tmp_path,
-        waiting_room=True,
-        queue_admit_per_second=5,
-        queue_admit_per_unit=1,
-        queue_inlet_interval_seconds=0.05,
-        queue_front_seconds=0.05,
-    )
-    async with running_api(settings, workers=(WorkerKind.INLET,)) as live:
+    pace = {"queue_admit_per_second": 5, "queue_admit_per_unit": 1}
+    async with waiting_room_api(redis_server, sql_url, tmp_path, **pace) as live:
         yield live
 
 

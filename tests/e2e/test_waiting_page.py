@@ -23,11 +23,10 @@ from redis.asyncio import Redis
 
 from seckill.domain.queue import QueueState
 from seckill.security.passes import PASS_HEADER
-from seckill.serve import WorkerKind
 from seckill.store.ledger import Ledger
-from tests.api.conftest import Api, api_settings, running_api
+from tests.api.conftest import Api, waiting_room_api
 from tests.chromium import CHROMIUM_ARGS, chromium_path
-from tests.conftest import RedisTarget, redis_settings
+from tests.conftest import RedisTarget
 from tests.polling import wait_until
 
 # One Redis and one SQL backend: the page does not differ between them.
@@ -46,16 +45,7 @@ async def waiting(
     redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Api]:
     """The API with a waiting room and a fast inlet: one position let in per unit left."""
-    settings = api_settings(
-        **redis_settings(redis_server),
-        database_url=sql_url,
-        data_dir=tmp_path,
-        waiting_room=True,
-        queue_admit_per_unit=1,
-        queue_inlet_interval_seconds=0.05,
-        queue_front_seconds=0.05,
-    )
-    async with running_api(settings, workers=(WorkerKind.INLET,)) as live:
+    async with waiting_room_api(redis_server, sql_url, tmp_path, queue_admit_per_unit=1) as live:
         yield live
 
 

@@ -228,8 +228,8 @@ def test_the_page_loads_nothing_from_anywhere(written: tuple[CrowdResult, Path, 
     assert any(vendored in text for text in parsed.script_texts)
 
 
-def test_chromium_draws_three_charts_offline(tmp_path: Path) -> None:
-    _, html_path = write_reports(crowd_result(passed=False), tmp_path, "demo")
+def drawn_offline(html_path: Path, tmp_path: Path) -> str:
+    """What the page's scripts made of it in headless Chromium, with no network at all."""
     dom = subprocess.run(
         [
             chromium_path(),
@@ -246,7 +246,12 @@ def test_chromium_draws_three_charts_offline(tmp_path: Path) -> None:
         timeout=60,
         check=True,
     ).stdout
-    drawn = re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)  # what the scripts made
+    return re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)
+
+
+def test_chromium_draws_three_charts_offline(tmp_path: Path) -> None:
+    _, html_path = write_reports(crowd_result(passed=False), tmp_path, "demo")
+    drawn = drawn_offline(html_path, tmp_path)
     assert len(re.findall(r'<div class="uplot\b', drawn)) == 3
     for chart in ("chart-timeline", "chart-latency", "chart-stock"):
         assert re.search(rf'id="{chart}"><div class="uplot\b.*?<canvas', drawn, re.S), chart
@@ -305,22 +310,7 @@ def test_chromium_draws_the_waiting_room_chart_offline(tmp_path: Path) -> None:
     result = crowd_result(passed=True)
     result["waiting_room"] = waiting_room()
     _, html_path = write_reports(result, tmp_path, "demo")
-    dom = subprocess.run(
-        [
-            chromium_path(),
-            "--headless",
-            *CHROMIUM_ARGS,
-            "--host-resolver-rules=MAP * ~NOTFOUND",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            html_path.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    drawn = re.sub(r"<script\b.*?</script>", "", dom, flags=re.S)
+    drawn = drawn_offline(html_path, tmp_path)
     assert len(re.findall(r'<div class="uplot\b', drawn)) == 4
     assert re.search(r'id="chart-queue"><div class="uplot\b.*?<canvas', drawn, re.S)
     for label in ("admitted up to", "tickets"):
