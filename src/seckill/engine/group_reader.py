@@ -1,0 +1,287 @@
+"""Reading every item stream through one consumer group: what each sink's worker shares (the
+persister lands entries in SQL, the bridge forwards them to a broker).
+
+The streams are found through the items registry (each stock shard has its own), and the group
+is created on each from its first entry, so a new group sees the whole stream that is left. A
+worker acknowledges an entry only once its sink has it; the group remembers what is pending.
+
+On one Redis a read is one XREADGROUP over every stream, blocking while all are empty. A Redis
+Cluster refuses a command over keys of several slots, so there a read sends one XREADGROUP per
+stream, all in one pipeline (one round trip per node), without BLOCK; a read that found nothing
+waits ``poll_ms``. The batch is shared out: streams that filled their share last time split it,
+the others are read one entry deep, which is enough to notice they have woken.
+
+Entries pending with a consumer that went quiet for ``claim_idle_ms`` (it crashed) are claimed.
+After Redis failed (a lost connection, a failover; on a cluster, a stream now served by another
+node), acknowledgements sent just before may not have reached the server that now answers, so
+the next read starts with this consumer's own pending entries instead of leaving them until
+they go idle. Trimming drops only what every group of a stream has acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from seckill.domain.events import stream_position
+from seckill.engine.cluster import RedisClient
+from seckill.engine.engine import ShardCounts, registered_items
+from seckill.engine.keys import ItemKeys, item_keys
+
+DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
+
+StreamReply = list[tuple[str, list[tuple[str, dict[str, str] | None]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    keys: ItemKeys  # of the stock shard whose stream holds it
+    entry_id: str
+    fields: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadConfig:
+    batch_size: int = 500
+    block_ms: int = 1_000
+    # A Redis Cluster: the wait after a read that found nothing new (BLOCK cannot span slots);
+    # an entry reaches its sink at most this much later once the streams have gone quiet.
+    poll_ms: int = 50
+    claim_idle_ms: int = 30_000  # an entry pending this long belongs to a dead consumer
+    trim_every_s: float = 5.0
+    # A consumer with nothing pending and idle this long is forgotten (every process start adds
+    # one); it loses nothing, and a live one is recreated by its next read.
+    forget_consumer_idle_ms: int = 3_600_000
+
+
+class GroupReader:
+    """One consumer of ``group`` on every item stream."""
+
+    def __init__(
+        self, *, redis: RedisClient, group: str, consumer: str, prefix: str, config: ReadConfig
+    ) -> None:
+        self._redis = redis
+        self.group = group
+        self.consumer = consumer
+        self._prefix = prefix
+        self.config = config
+        self.streams: dict[str, ItemKeys] = {}  # every item's shard streams, found by discover
+        self._shard_counts = ShardCounts(redis, prefix)
+        self._full: set[str] = set()  # streams that filled their share of the last read
+        self._owners: dict[str, str] = {}  # on a cluster: the node serving each stream
+        self._next_discover = 0.0
+        self._next_claim = 0.0
+        self._next_trim = 0.0
+        self._own_pending_first = False
+
+    def redis_failed(self) -> None:
+        """Redis failed under a read or an acknowledgement: read this consumer's pending
+        entries first next time."""
+        self._own_pending_first = True
+
+    def forget_streams(self) -> None:
+        """A stream lost its group (Redis restarted empty, FLUSHALL, an older AOF): follow the
+        streams afresh."""
+        self.streams.clear()
+        self._next_discover = 0.0
+
+    async def upkeep(self) -> list[Entry]:
+        """What is due: follow new streams (every ``DISCOVER_EVERY_S``), claim entries idle
+        with a dead consumer (every half ``claim_idle_ms``); returns the claimed entries."""
+        now = time.monotonic()
+        if now >= self._next_discover:
+            self._next_discover = now + DISCOVER_EVERY_S
+            await self.discover()
+        if not self.streams:
+            self._next_discover = 0.0  # look again next time
+            return []
+        if now < self._next_claim:
+            return []
+        self._next_claim = now + max(self.config.claim_idle_ms / 2000, 0.05)
+        return await self.claim_idle()
+
+    async def discover(self) -> None:
+        for item_id in await registered_items(self._redis, self._prefix):
+            for shard in range(await self._shard_counts.of(item_id)):
+                keys = item_keys(item_id, self._prefix, shard)
+                if keys.events not in self.streams:
+                    try:
+                        await self._redis.xgroup_create(
+                            keys.events, self.group, id="0", mkstream=True
+                        )
+                    except ResponseError as exc:
+                        if "BUSYGROUP" not in str(exc):
+                            raise
+                    self.streams[keys.events] = keys
+
+    async def read(self, *, block: bool) -> list[Entry]:
+        """New entries, up to about a batch (this consumer's pending ones after Redis failed)."""
+        if self._own_pending_first:
+            return await self._read_own_pending()
+        if isinstance(self._redis, RedisCluster):
+            return await self._read_each_stream(self._redis, block=block)
+        reply = cast(
+            StreamReply | None,
+            await self._redis.xreadgroup(
+                self.group,
+                self.consumer,
+                dict.fromkeys(self.streams, ">"),
+                count=self.config.batch_size,
+                block=self.config.block_ms if block else None,
+            ),
+        )
+        return self._entries(reply or [])
+
+    async def _read_each_stream(self, cluster: RedisCluster, *, block: bool) -> list[Entry]:
+        if self._stream_moved(cluster):
+            return await self._read_own_pending()
+        counts = self._shares()
+        read = await self._read_streams(counts, ">")
+        self._full = {stream for stream, entries in read if len(entries) >= counts[stream]}
+        entries = self._entries(read)
+        if not entries and block:
+            await asyncio.sleep(self.config.poll_ms / 1000)
+        return entries
+
+    async def _read_own_pending(self) -> list[Entry]:
+        """Entries delivered to this consumer and not acknowledged (as the server now answering
+        knows), up to a batch per stream: once, after Redis failed; the rest go idle and are
+        claimed as a dead consumer's would be."""
+        read = await self._read_streams(dict.fromkeys(self.streams, self.config.batch_size), "0")
+        self._own_pending_first = False
+        for stream, entries in read:
+            await self._ack_deleted(stream, entries)
+        return self._entries(read)
+
+    async def _read_streams(self, counts: dict[str, int], start: str) -> StreamReply:
+        """One XREADGROUP per stream from ``start`` (">": new entries; "0": this consumer's
+        pending ones), in one pipeline: a cluster refuses one over several slots."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream, count in counts.items():
+                pipe.xreadgroup(self.group, self.consumer, {stream: start}, count=count)
+            replies = await pipe.execute()
+        return [stream_reply for reply in replies if reply for stream_reply in reply]
+
+    def _stream_moved(self, cluster: RedisCluster) -> bool:
+        """Whether a stream is now served by another node than on the last read (a failover,
+        or its slot moved), as the cluster client's slot map says."""
+        owners = {}
+        for stream in self.streams:
+            node = cluster.get_node_from_key(stream)
+            owners[stream] = node.name if node else ""
+        moved = any(owners[s] != self._owners.get(s, owners[s]) for s in owners)
+        self._owners = owners
+        return moved
+
+    def _shares(self) -> dict[str, int]:
+        """How many entries to read from each stream this time: about ``batch_size`` in all."""
+        full = self._full & self.streams.keys()
+        if not full:  # none known busy: an equal share each
+            return dict.fromkeys(self.streams, max(1, self.config.batch_size // len(self.streams)))
+        quiet = len(self.streams) - len(full)
+        share = max(1, (self.config.batch_size - quiet) // len(full))
+        return {stream: share if stream in full else 1 for stream in self.streams}
+
+    def _entries(self, reply: StreamReply) -> list[Entry]:
+        return [
+            Entry(self.streams[stream], entry_id, fields)
+            for stream, entries in reply
+            for entry_id, fields in entries
+            if fields is not None
+        ]
+
+    async def claim_idle(self) -> list[Entry]:
+        claimed: list[Entry] = []
+        for stream, keys in self.streams.items():
+            reply = await self._redis.xautoclaim(
+                stream,
+                self.group,
+                self.consumer,
+                min_idle_time=self.config.claim_idle_ms,
+                start_id="0-0",
+                count=self.config.batch_size,
+            )
+            await self._ack_deleted(stream, reply[1])
+            claimed += [Entry(keys, entry_id, fields) for entry_id, fields in reply[1] if fields]
+        return claimed
+
+    async def _ack_deleted(
+        self, stream: str, entries: Sequence[tuple[str, dict[str, str] | None]]
+    ) -> None:
+        """Acknowledge the pending entries deleted from the stream meanwhile: nothing to do."""
+        gone = [entry_id for entry_id, fields in entries if fields is None]
+        if gone:
+            await self._redis.xack(stream, self.group, *gone)
+
+    async def ack(self, entries: Sequence[Entry]) -> None:
+        """Done with these: their sink has them."""
+        by_stream: dict[str, list[str]] = defaultdict(list)
+        for entry in entries:
+            by_stream[entry.keys.events].append(entry.entry_id)
+        for stream, ids in by_stream.items():
+            await self._redis.xack(stream, self.group, *ids)
+
+    async def deliveries(self, entry: Entry) -> int:
+        """How many times the entry was delivered to this group."""
+        pending = await self._redis.xpending_range(
+            entry.keys.events, self.group, min=entry.entry_id, max=entry.entry_id, count=1
+        )
+        return int(pending[0]["times_delivered"]) if pending else 1
+
+    async def older_pending(self, entry: Entry) -> bool:
+        """Is an earlier entry of the stream delivered but not yet acknowledged (any consumer)?"""
+        ms, seq = stream_position(entry.entry_id)
+        before = f"{ms}-{seq - 1}" if seq else f"{ms - 1}-18446744073709551615"
+        older = await self._redis.xpending_range(
+            entry.keys.events, self.group, min="-", max=before, count=1
+        )
+        return bool(older)
+
+    # -- bounded memory ------------------------------------------------------------------------
+
+    async def trim_if_due(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_trim:
+            self._next_trim = now + self.config.trim_every_s
+            await self.trim()
+
+    async def trim(self) -> None:
+        """Drop stream entries that every consumer group has acknowledged, and this group's
+        consumers gone quiet with nothing pending."""
+        for stream in self.streams:
+            safe = await acknowledged_below(self._redis, stream)
+            if safe is not None:
+                await self._redis.xtrim(stream, minid=safe)
+            consumers: list[dict[str, Any]] = await self._redis.xinfo_consumers(stream, self.group)
+            for consumer in consumers:
+                if (
+                    consumer["pending"] == 0
+                    and consumer["idle"] >= self.config.forget_consumer_idle_ms
+                    and consumer["name"] != self.consumer
+                ):
+                    await self._redis.xgroup_delconsumer(stream, self.group, consumer["name"])
+
+
+async def acknowledged_below(redis: RedisClient, stream: str) -> str | None:
+    """The lowest entry id some group of the stream still needs (pending, or not delivered
+    yet); everything below it is done with. None: the stream has no group."""
+    groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
+    if not groups:
+        return None
+    needed: list[str] = []
+    for group in groups:
+        # Another consumer may acknowledge in between: no pending entry left is fine.
+        summary = await redis.xpending(stream, group["name"]) if group["pending"] else {}
+        if summary.get("min"):
+            needed.append(summary["min"])
+        else:
+            ms, seq = stream_position(group["last-delivered-id"])
+            needed.append(f"{ms}-{seq + 1}")
+    return min(needed, key=stream_position)

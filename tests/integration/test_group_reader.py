@@ -1,0 +1,83 @@
+"""Consumer groups of their own on every item stream: each group reads every entry, and trimming
+never drops an entry some group has not acknowledged (the persister's and a bridge's side by
+side)."""
+
+from __future__ import annotations
+
+import pytest
+
+from seckill.engine.engine import RedisEngine
+from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
+from seckill.engine.streams import GROUP
+from tests.conftest import open_item
+
+pytestmark = pytest.mark.redis_variants("redis7", "cluster")
+
+CONFIG = ReadConfig(batch_size=1000, block_ms=10, poll_ms=10)
+ORDERS = 40
+
+
+def reader(engine: RedisEngine, group: str) -> GroupReader:
+    return GroupReader(
+        redis=engine.redis, group=group, consumer=f"{group}-1", prefix=engine.prefix, config=CONFIG
+    )
+
+
+async def sell(engine: RedisEngine, orders: int, *, first: int = 1) -> None:
+    for n in range(first, first + orders):
+        await engine.reserve(1, buyer=f"b{n}", quantity=1, idempotency_key="k", order_id=n)
+
+
+async def read_all(group: GroupReader) -> list[Entry]:
+    await group.upkeep()
+    found: list[Entry] = []
+    while fresh := await group.read(block=False):
+        found += fresh
+    return found
+
+
+async def test_every_group_reads_every_entry(engine: RedisEngine) -> None:
+    await engine.load_item(open_item(total=100))
+    persister, bridge = reader(engine, GROUP), reader(engine, "bridge-test")
+    await persister.upkeep()
+    await bridge.upkeep()
+    await sell(engine, ORDERS)
+    landed, forwarded = await read_all(persister), await read_all(bridge)
+    assert [e.entry_id for e in landed] == [e.entry_id for e in forwarded]
+    assert len(landed) == ORDERS + 1  # the load, then one reservation each
+
+
+async def test_trimming_keeps_what_another_group_has_not_acknowledged(
+    engine: RedisEngine,
+) -> None:
+    """Trimming is approximate (whole stream nodes of 100 entries), so a sale of 300 orders:
+    what some group still needs always stays, and the rest may go."""
+    orders = 300
+    await engine.load_item(open_item(total=1000))
+    persister, bridge = reader(engine, GROUP), reader(engine, "bridge-test")
+    await persister.upkeep()
+    await bridge.upkeep()
+    await sell(engine, orders)
+    stream = engine.keys(1).events
+
+    async def kept() -> list[str]:
+        return [entry_id for entry_id, _ in await engine.redis.xrange(stream)]
+
+    await persister.ack(await read_all(persister))  # everything is in SQL
+    forwarded = await read_all(bridge)
+    await bridge.ack(forwarded[:250])  # the broker confirmed the first 250 only
+    await persister.trim()
+    left = await kept()
+    assert set(e.entry_id for e in forwarded[250:]) <= set(left)
+    assert len(left) < orders + 1  # something went: the test can tell
+
+    # A group that has read nothing holds back the whole stream.
+    late = reader(engine, "bridge-late")
+    await late.discover()
+    await bridge.ack(forwarded[250:])
+    await persister.trim()
+    assert await kept() == left
+
+    await late.ack(await read_all(late))
+    await persister.trim()
+    assert len(await kept()) < len(left)
