@@ -24,9 +24,10 @@ lint: $(STAMP)
 system-deps:
 	scripts/system-deps
 
-# One test process per core (each starts its own Redis servers and SQL databases).
+# One test process per core (each starts its own Redis servers and SQL databases); a module's
+# tests stay together, in order, and share its servers.
 test: system-deps lint
-	$(BIN)/pytest -n auto $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto --dist loadscope $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine

@@ -41,6 +41,14 @@ async def test_the_cluster_serves_every_slot(redis_cluster: LocalCluster) -> Non
 
 
 async def test_a_killed_master_is_replaced_by_its_replica(redis_cluster: LocalCluster) -> None:
+    client = RedisCluster.from_url(redis_cluster.url, decode_responses=True)
+    try:
+        for n, key in enumerate(KEYS):
+            await client.set(key, n)
+        for node in client.get_primaries():  # every write on its replica before the kill
+            await client.execute_command("WAIT", 1, 5000, target_nodes=node)
+    finally:
+        await client.aclose()
     before = redis_cluster.primary_ports()
     victim = before[0]
     redis_cluster.node_at(victim).kill()
