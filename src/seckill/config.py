@@ -162,6 +162,14 @@ class Settings(BaseSettings):
         description="How long an API process answers polls from one reading of a queue's front.",
     )
 
+    # The bridge to a broker (see the README's "Order events to other systems").
+    bridge_url: str = Field(
+        "",
+        description="A broker to forward order events to: amqp://user:pass@host:5672/ "
+        "(RabbitMQ) or nats://host:4222 (NATS JetStream). Set: `seckill serve` runs the bridge "
+        "too (else `seckill worker bridge`). Empty: no bridge.",
+    )
+
     reaper_interval_seconds: float = Field(
         1.0, gt=0, description="Holds are released at most this long after their deadline."
     )

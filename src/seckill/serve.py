@@ -26,6 +26,8 @@ from seckill.config import Settings
 from seckill.engine.queues import Queues
 from seckill.observability.logs import configure_logging
 from seckill.reconcile.reconciler import Reconciler
+from seckill.sinks import sink_from_url
+from seckill.workers.bridge import Bridge
 from seckill.workers.inlet import Inlet
 from seckill.workers.loop import Worker, run_until_stopped, stop_on_signals
 from seckill.workers.persister import Persister, PersisterConfig
@@ -45,6 +47,7 @@ class WorkerKind(StrEnum):
     REAPER = "reaper"
     RECONCILER = "reconciler"
     INLET = "inlet"
+    BRIDGE = "bridge"
 
 
 def build_worker(
@@ -80,6 +83,16 @@ def build_worker(
             repair=settings.reconcile_repair,
         )
         return reconciler, settings.reconcile_interval_seconds
+    if kind is WorkerKind.BRIDGE:
+        if not runtime.settings.bridge_url:
+            raise ValueError("the bridge needs a broker: set SECKILL_BRIDGE_URL (or --to)")
+        bridge = Bridge(
+            redis=runtime.redis,
+            sink=sink_from_url(runtime.settings.bridge_url),
+            prefix=prefix,
+            stop=stop,
+        )
+        return bridge, 0.0  # its read blocks in Redis instead
     if kind is WorkerKind.INLET:
         settings = runtime.settings
         inlet = Inlet(

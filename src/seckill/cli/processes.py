@@ -42,11 +42,12 @@ _PORT = typer.Option(None, min=0, max=65535, help=f"Port ({setting_default('api_
 
 @commands.command()
 def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
-    """Run the API and all workers (persister, reaper, reconciler, and the inlet with
-    SECKILL_WAITING_ROOM) in one process until SIGTERM."""
+    """Run the API and all workers (persister, reaper, reconciler, the inlet with
+    SECKILL_WAITING_ROOM, the bridge with SECKILL_BRIDGE_URL) in one process until SIGTERM."""
     settings = overridden(start_process(), api_host=host, api_port=port)
     inlet = ("inlet",) if settings.waiting_room else ()
-    _run(settings, api=True, workers=("persister", "reaper", "reconciler", *inlet))
+    bridge = ("bridge",) if settings.bridge_url else ()
+    _run(settings, api=True, workers=("persister", "reaper", "reconciler", *inlet, *bridge))
 
 
 class ApiServer(StrEnum):
@@ -161,6 +162,29 @@ def worker_inlet(
     """
     settings = overridden(start_process(), queue_inlet_interval_seconds=interval)
     _run(settings, api=False, workers=("inlet",))
+
+
+@worker_commands.command("bridge")
+def worker_bridge(
+    to: str | None = typer.Option(
+        None,
+        "--to",
+        help="The broker: amqp://user:pass@host:5672/ (RabbitMQ) or nats://host:4222 (NATS "
+        "JetStream); default SECKILL_BRIDGE_URL.",
+    ),
+) -> None:
+    """Forward every order event to a broker until SIGTERM, acknowledging each in its stream
+    only once the broker confirmed it. Replicas are safe: they share the bridge's group."""
+    settings = overridden(start_process(), bridge_url=to)
+    if not settings.bridge_url:
+        abort(ValueError("name the broker: --to amqp://... or nats://... (or SECKILL_BRIDGE_URL)"))
+    try:
+        from seckill.sinks import sink_from_url
+
+        sink_from_url(settings.bridge_url)
+    except ValueError as exc:
+        abort(exc)
+    _run(settings, api=False, workers=("bridge",))
 
 
 @commands.command("dev-cluster")

@@ -143,7 +143,7 @@ class GroupReader:
         if self._stream_moved(cluster):
             return await self._read_own_pending()
         counts = self._shares()
-        read = await self._read_streams(counts, ">")
+        read = await self._read_streams({stream: (">", n) for stream, n in counts.items()})
         self._full = {stream for stream, entries in read if len(entries) >= counts[stream]}
         entries = self._entries(read)
         if not entries and block:
@@ -151,20 +151,29 @@ class GroupReader:
         return entries
 
     async def _read_own_pending(self) -> list[Entry]:
-        """Entries delivered to this consumer and not acknowledged (as the server now answering
-        knows), up to a batch per stream: once, after Redis failed; the rest go idle and are
-        claimed as a dead consumer's would be."""
-        read = await self._read_streams(dict.fromkeys(self.streams, self.config.batch_size), "0")
+        """Every entry delivered to this consumer and not acknowledged (as the server now
+        answering knows): once, after Redis failed or when a worker starts again under the
+        same name, before anything new."""
+        batch = self.config.batch_size
+        found: StreamReply = []
+        reads = dict.fromkeys(self.streams, ("0", batch))
+        while reads:
+            read = await self._read_streams(reads)
+            reads = {}
+            for stream, entries in read:
+                await self._ack_deleted(stream, entries)
+                found.append((stream, entries))
+                if len(entries) >= batch:  # maybe more: read on from there
+                    reads[stream] = (entries[-1][0], batch)
         self._own_pending_first = False
-        for stream, entries in read:
-            await self._ack_deleted(stream, entries)
-        return self._entries(read)
+        return self._entries(found)
 
-    async def _read_streams(self, counts: dict[str, int], start: str) -> StreamReply:
-        """One XREADGROUP per stream from ``start`` (">": new entries; "0": this consumer's
-        pending ones), in one pipeline: a cluster refuses one over several slots."""
+    async def _read_streams(self, reads: dict[str, tuple[str, int]]) -> StreamReply:
+        """One XREADGROUP per stream, from its start (">": new entries; an id: this consumer's
+        pending entries after it) for up to its count, in one pipeline: a cluster refuses one
+        over several slots."""
         async with self._redis.pipeline(transaction=False) as pipe:
-            for stream, count in counts.items():
+            for stream, (start, count) in reads.items():
                 pipe.xreadgroup(self.group, self.consumer, {stream: start}, count=count)
             replies = await pipe.execute()
         return [stream_reply for reply in replies if reply for stream_reply in reply]

@@ -187,6 +187,25 @@ QUEUE_WAIT = Histogram(
 )
 
 
+# -- The bridge to a broker (its backlog is the stream gauges' group "bridge-<sink>") --------------
+
+BRIDGE_PUBLISHED = Counter(
+    "seckill_bridge_published",
+    "Events the broker confirmed (and the bridge then acknowledged in the stream), by sink.",
+    ["sink"],
+)
+BRIDGE_RETRIES = Counter(
+    "seckill_bridge_retries",
+    "Batches published again: the broker was unreachable, did not confirm, or refused some.",
+    ["sink"],
+)
+BRIDGE_DEAD_LETTERS = Counter(
+    "seckill_bridge_dead_letters",
+    "Events the bridge gave up on (refused by the broker every time, or unreadable), by sink.",
+    ["sink"],
+)
+
+
 def multiprocess_dir() -> str | None:
     """The directory the metrics of every process go to, or None in single-process mode.
 
