@@ -1,0 +1,32 @@
+"""A bridge in a process of its own, for tests that kill it: ``python -m tests.bridge_process
+REDIS_URL BROKER_URL TOPOLOGY_JSON`` forwards every item stream of that Redis to the broker (on
+the test's own exchange and queue, or stream and subjects) until SIGTERM or SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from seckill.engine.cluster import connect
+from seckill.sinks import sink_from_url
+from seckill.workers.bridge import Bridge, BridgeConfig
+from seckill.workers.loop import run_until_stopped, stop_on_signals
+
+
+async def main(redis_url: str, broker_url: str, topology: dict[str, str]) -> None:
+    stop = asyncio.Event()
+    stop_on_signals(stop)
+    redis = connect(redis_url, cluster=False, max_connections=8)
+    sink = sink_from_url(broker_url, **topology)
+    config = BridgeConfig(block_ms=50, poll_ms=10, claim_idle_ms=500, batch_size=50)
+    bridge = Bridge(redis=redis, sink=sink, consumer="test-bridge", config=config, stop=stop)
+    try:
+        await run_until_stopped(bridge, stop)
+    finally:
+        await sink.close()
+        await redis.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
