@@ -14,14 +14,17 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import nats
 import pytest
 
 from seckill.domain.events import EventKind, ReleaseReason
 from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import read_progress
-from seckill.sinks import Sink
+from seckill.sinks import Sink, sink_from_url
+from seckill.sinks.nats import DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
 from seckill.workers.bridge import Bridge, BridgeConfig
-from tests.brokers import Broker, Delivery, sink_of
+from seckill.workers.loop import run_until_stopped
+from tests.brokers import Broker, Delivery, Nats, free_port, sink_of
 from tests.conftest import RedisTarget, open_item
 from tests.polling import wait_until
 
@@ -30,10 +33,13 @@ pytestmark = pytest.mark.redis_variants("redis7", "cluster")
 QUICK = BridgeConfig(block_ms=50, poll_ms=10, claim_idle_ms=500)
 
 
-async def sell(engine: RedisEngine, orders: int) -> dict[int, list[EventKind]]:
-    """A sale of ``orders`` orders: every other one paid, every fourth released; each order's
-    events, in their order."""
-    await engine.load_item(open_item(total=orders))
+async def sell(
+    engine: RedisEngine, orders: int, *, first_order: int = 1
+) -> dict[int, list[EventKind]]:
+    """A sale of ``orders`` orders (the item loaded with the first): every other one paid,
+    every fourth released; each order's events, in their order."""
+    if first_order == 1:
+        await engine.load_item(open_item(total=100_000))
     expected: dict[int, list[EventKind]] = defaultdict(list)
 
     async def one(n: int) -> None:
@@ -46,8 +52,9 @@ async def sell(engine: RedisEngine, orders: int) -> dict[int, list[EventKind]]:
             await engine.release(1, n, ReleaseReason.CANCELLED)
             expected[n].append(EventKind.RELEASED)
 
-    for first in range(1, orders + 1, 100):
-        await asyncio.gather(*(one(n) for n in range(first, min(first + 100, orders + 1))))
+    last = first_order + orders
+    for first in range(first_order, last, 100):
+        await asyncio.gather(*(one(n) for n in range(first, min(first + 100, last))))
     return expected
 
 
@@ -76,6 +83,21 @@ def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
 async def backlog(engine: RedisEngine, group: str) -> int:
     (progress,) = await read_progress(engine.redis, [engine.keys(1).events])
     return progress.of(group).backlog
+
+
+async def drained(engine: RedisEngine, group: str) -> bool:
+    return await backlog(engine, group) == 0
+
+
+async def received_from_nats(url: str, count: int) -> list[Delivery]:
+    """What a consumer of the bridge's default stream on that server gets."""
+    client = await nats.connect(url)
+    try:
+        consumer = Nats(client)
+        consumer.stream, consumer.prefix = DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
+        return await consumer.received(count)
+    finally:
+        await client.close()
 
 
 async def pending(engine: RedisEngine, group: str) -> int:
@@ -152,3 +174,61 @@ async def test_a_bridge_killed_mid_publish_loses_nothing(
         # the order's sequence.
         assert per_order[order_id] == [str(k) for k in kinds], order_id
     assert len(got) == events + copies
+
+
+class OwnNatsServer:
+    """A nats-server with JetStream that this test starts, stops and starts again, on its own
+    port and store (never the machine's shared one)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.directory = directory
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        argv = ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js",
+                "-sd", str(self.directory / "store")]  # fmt: skip
+        self.process = start(argv, self.directory / "nats.log")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(20)
+            self.process = None
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_a_broker_down_mid_sale_loses_nothing_and_the_backlog_drains(
+    engine: RedisEngine, tmp_path: Path
+) -> None:
+    """The broker stops mid-sale: buying goes on, the events wait in the stream, and once it is
+    back every one is delivered."""
+    server = OwnNatsServer(tmp_path)
+    server.start()
+    sink = sink_from_url(server.url, connect_timeout_s=0.5, confirm_timeout_s=1.0)
+    bridge = Bridge(redis=engine.redis, sink=sink, prefix=engine.prefix, config=QUICK)
+    stop = asyncio.Event()
+    forwarding = asyncio.create_task(run_until_stopped(bridge, stop))
+    try:
+        first = await sell(engine, 300)
+        await wait_until(lambda: drained(engine, bridge.group), 30, "the first orders forwarded")
+        server.stop()
+        more = await sell(engine, 300, first_order=301)  # the broker is down
+        await asyncio.sleep(1.5)  # a few failed publishes and pauses
+        assert await backlog(engine, bridge.group) > 0  # waiting in the stream, not lost
+        server.start()
+        await wait_until(lambda: drained(engine, bridge.group), 30, "the backlog drained")
+    finally:
+        stop.set()
+        await forwarding
+        await sink.close()
+    expected = {**first, **more}
+    events = sum(len(kinds) for kinds in expected.values())
+    got = await received_from_nats(server.url, events)
+    server.stop()
+    per_order, _ = order_events(got)
+    assert per_order == {n: [str(k) for k in kinds] for n, kinds in expected.items()}
