@@ -9,6 +9,8 @@ import pytest
 from seckill.engine.engine import RedisEngine
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
 from seckill.engine.streams import GROUP
+from seckill.services.dashboard import take_snapshot
+from seckill.store.ledger import Ledger
 from tests.conftest import open_item
 
 pytestmark = pytest.mark.redis_variants("redis7", "cluster")
@@ -81,3 +83,16 @@ async def test_trimming_keeps_what_another_group_has_not_acknowledged(
     await late.ack(await read_all(late))
     await persister.trim()
     assert len(await kept()) < len(left)
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_the_dashboard_shows_every_other_groups_backlog(
+    engine: RedisEngine, ledger: Ledger
+) -> None:
+    await engine.load_item(open_item(total=100))
+    bridge = reader(engine, "bridge-nats")
+    await bridge.discover()
+    await sell(engine, 10)
+    await bridge.ack((await read_all(bridge))[:4])
+    (item,) = (await take_snapshot(engine, ledger, [1])).items
+    assert item.sinks == {"bridge-nats": 11 - 4}

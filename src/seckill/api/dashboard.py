@@ -41,6 +41,10 @@ class DashboardItem(BaseModel):
         description="Entries the persister gave up on, not replayed; null if SQL did not answer."
     )
     queue: QueueOut | None = Field(description="Its waiting room; null if nobody joined.")
+    sinks: dict[str, int] = Field(
+        description="Backlog of every other consumer group of its streams (a bridge to a "
+        "broker, e.g. bridge-nats): entries its sink does not have yet."
+    )
 
 
 class QueueOut(BaseModel):
@@ -146,6 +150,7 @@ def _out(snapshot: DashboardSnapshot) -> DashboardOut:
                 pending=view.persister.pending,
                 lag=view.persister.lag,
                 dead_letters=view.dead_letters,
+                sinks=view.sinks,
                 queue=None
                 if view.queue is None
                 else QueueOut(

@@ -39,6 +39,8 @@ class ItemView:
     persister: GroupProgress  # where the persister stands in the item's stream
     dead_letters: int | None  # not replayed yet; None when SQL did not answer
     queue: QueueCounts | None = None  # its waiting room; None: nobody joined
+    # Every other consumer group's backlog (a bridge to a broker: "bridge-nats"), by group.
+    sinks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,14 @@ async def take_snapshot(
     )
     dead, database_available = await _dead_letters(engine, ledger, chosen)
     views = [
-        ItemView(item_id, stock, stream.of(GROUP), dead.get(item_id), queue)
+        ItemView(
+            item_id,
+            stock,
+            stream.of(GROUP),
+            dead.get(item_id),
+            queue,
+            {name: g.backlog for name, g in stream.groups.items() if name != GROUP},
+        )
         for item_id, stock, stream, queue in zip(chosen, stocks, streams, queues, strict=True)
     ]
     return DashboardSnapshot(

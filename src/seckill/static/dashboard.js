@@ -161,6 +161,7 @@
       number(id, "pending", "pending") + number(id, "lag", "lag") +
       number(id, "dead_letters", "dead letters") + "</dl>" +
       "<h3>Stream to SQL</h3>" + '<div class="chart" data-chart="queue"></div>' +
+      '<div class="muted" data-role="sinks" hidden>to brokers: <span></span></div>' +
       '<div data-role="waiting-room" hidden><h3>Waiting room</h3>' +
       '<dl class="numbers">' + number(id, "joined", "joined") +
       number(id, "admitted_up_to", "admitted up to") + number(id, "waiting", "waiting") +
@@ -203,7 +204,17 @@
     view.stock.plot.setData([view.t, view.available, view.held, view.sold]);
     view.queue.plot.setData([view.t, view.backlog, view.lag]);
     showWaitingRoom(view, item.queue);
+    showSinks(view.el.querySelector('[data-role="sinks"]'), item.sinks || {});
     setText(view.el.querySelector(".updated-at"), updated);
+  }
+
+  // Other consumer groups (a bridge to a broker): their backlog beside the persister's.
+  function showSinks(el, sinks) {
+    var names = Object.keys(sinks).sort();
+    el.hidden = names.length === 0;
+    setText(el.querySelector("span"), names.map(function (n) {
+      return n + " backlog " + sinks[n];
+    }).join(", "));
   }
 
   function showWaitingRoom(view, queue) {
