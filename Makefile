@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,9 @@ bench-cluster: $(STAMP)  # starts its own redis-server and a local cluster on fr
 
 bench-waiting-room: $(STAMP)  # starts its own redis-server and servers on free ports; uses wrk if installed
 	$(BIN)/python -m benchmarks.waiting_room $(BENCH_ARGS)
+
+bench-bridge: $(STAMP)  # starts its own redis-server; RabbitMQ and NATS: SECKILL_TEST_AMQP_URL, SECKILL_TEST_NATS_URL
+	$(BIN)/python -m benchmarks.bridge $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache
