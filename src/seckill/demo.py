@@ -6,7 +6,9 @@ SECKILL_REDIS_URL / SECKILL_DATABASE_URL say otherwise; with ``redis_cluster`` m
 Redis Cluster (``seckill.redis_cluster``) started for the demo. The crowd (``seckill.crowd``) then
 rushes it through HTTP exactly as ``seckill bench`` rushes a real deployment, and audits what
 it left, reading SQL directly as well. With ``waiting_room`` the server runs a waiting room
-(``waiting_room_env``) and the crowd queues in it first.
+(``waiting_room_env``) and the crowd queues in it first. With ``bridge_url`` it runs the bridge
+to that broker too, and a consumer of the broker checks every order event arrived
+(``seckill.crowd.deliveries``).
 """
 
 from __future__ import annotations
@@ -50,12 +52,17 @@ def run_demo(
     console: Console,
     redis_cluster: int = 0,
     waiting_room: bool = False,
+    bridge_url: str | None = None,
 ) -> bool:
     """Serve on a throwaway data directory, rush it with ``plan``'s crowd, audit what it left;
     True if every verdict passes. Raises ServerFailed if the server did not start.
 
     ``redis_cluster``: that many masters (a replica each) of a local Redis Cluster, instead of
-    the embedded Redis. ``waiting_room``: the server runs one and the crowd queues first."""
+    the embedded Redis. ``waiting_room``: the server runs one and the crowd queues first.
+    ``bridge_url``: the server runs the bridge to that broker, and a consumer of the broker's
+    default topology checks that the sale's order events all arrived."""
+    # The broker may hold an earlier demo's messages, for an item with the same id.
+    started_ms = time.time_ns() // 1_000_000
     # The demo's data directory is throwaway: it never touches the real one.
     with (
         tempfile.TemporaryDirectory(prefix="seckill-demo-") as scratch,
@@ -72,13 +79,17 @@ def run_demo(
                 )
             console.print(f"Redis Cluster up: {redis_cluster} masters, a replica each")
             server_env |= {"SECKILL_REDIS_URL": cluster.url, "SECKILL_REDIS_CLUSTER": "true"}
-        with console.status("starting seckill serve: API, persister, reaper, reconciler"):
+        if bridge_url:
+            server_env["SECKILL_BRIDGE_URL"] = bridge_url
+        workers = "persister, reaper, reconciler" + (", bridge" if bridge_url else "")
+        with console.status(f"starting seckill serve: API, {workers}"):
             url = stack.enter_context(serving(settings.data_dir, server_env))
         console.print(f"seckill serve is up on {url}; the crowd rushes in")
         credentials = Credentials.from_settings(settings)
         rehearsal = rehearse(
             url, plan, credentials, kind="demo", console=console,
             database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,
+            bridge_url=bridge_url, since_ms=started_ms,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
 

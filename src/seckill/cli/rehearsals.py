@@ -51,13 +51,26 @@ def demo(
     waiting_room: bool = typer.Option(
         False, help=_WAITING_ROOM_HELP + " The server runs one, paced for the crowd."
     ),
+    bridge: str | None = typer.Option(
+        None,
+        metavar="URL",
+        help="The server runs the bridge to this broker (amqp://... RabbitMQ, nats://... NATS "
+        "JetStream), and a consumer of its default topology (queue seckill.orders; stream "
+        "SECKILL_ORDERS) checks that every order event of the sale arrived once, in order.",
+    ),
 ) -> None:
     """A live flash sale on embedded defaults, rushed by a crowd over HTTP, and its verdict.
 
     Exit 1 if any check fails.
     """
     from seckill.demo import run_demo
+    from seckill.sinks import sink_from_url
 
+    if bridge:
+        try:
+            sink_from_url(bridge)  # only to refuse a URL no sink takes, before anything starts
+        except ValueError as exc:
+            abort(exc)
     plan = _plan(
         buyers=buyers, units=units, per_buyer_limit=limit, hold_seconds=hold_seconds,
         concurrency=concurrency,
@@ -65,13 +78,15 @@ def demo(
     console.print(
         f"[bold]Flash sale[/]: {plan.buyers:,} buyers (then {plan.late_crowd:,} late ones) for "
         f"{plan.units:,} units, limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s,"
-        f" {plan.concurrency} in flight" + (", through a waiting room" if waiting_room else "")
+        f" {plan.concurrency} in flight"
+        + (", through a waiting room" if waiting_room else "")
+        + (", order events to a broker" if bridge else "")
     )
 
     def run() -> bool:
         return run_demo(
             plan, report_dir=report_dir, console=console, redis_cluster=redis_cluster,
-            waiting_room=waiting_room,
+            waiting_room=waiting_room, bridge_url=bridge,
         )  # fmt: skip
 
     _verdict(run)
@@ -166,9 +181,10 @@ def _verdict(rehearse: Callable[[], bool]) -> NoReturn:
 
     from seckill.crowd.sale import SaleRefused
     from seckill.demo import ServerFailed
+    from seckill.sinks import SinkError
 
     try:
         passed = rehearse()
-    except (ServerFailed, SaleRefused, aiohttp.ClientError) as exc:
+    except (ServerFailed, SaleRefused, SinkError, aiohttp.ClientError) as exc:
         abort(exc)
     raise typer.Exit(0 if passed else 1)

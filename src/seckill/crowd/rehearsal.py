@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.live import Live
 
 from seckill.crowd.client import ApiClient, Credentials
+from seckill.crowd.deliveries import following
 from seckill.crowd.live import LiveView, print_result
 from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.result import CrowdResult
@@ -44,18 +46,29 @@ async def rehearse(
     database_url: str | None = None,
     report_dir: Path | None = None,
     queue: QueuePlan | None = None,
+    bridge_url: str | None = None,
+    since_ms: int = 0,
 ) -> Rehearsal:
     """Run the sale against ``url``, showing it live, then audit it and write the reports
     (``<report_dir>/<kind>-<time>.json`` and ``.html``) unless ``report_dir`` is None.
-    ``queue``: the crowd goes through the deployment's waiting room."""
+    ``queue``: the crowd goes through the deployment's waiting room. ``bridge_url``: the broker
+    the deployment's bridge forwards to; a consumer follows it from before the item is made
+    (skipping messages older than ``since_ms``), and one more verdict judges what it got."""
     from seckill.crowd.report import write_reports
 
-    async with session(plan.concurrency) as http:
+    async with contextlib.AsyncExitStack() as stack:
+        feed = None
+        if bridge_url:
+            feed = await stack.enter_async_context(following(bridge_url, since_ms=since_ms))
+        http = await stack.enter_async_context(session(plan.concurrency))
         client = ApiClient(http, url, credentials)
         sale = await open_sale(client, plan, kind=kind, queue=queue)
         with Live(LiveView(sale), console=console, refresh_per_second=4):
             await run_sale(client, sale)
         checks = await sale.audit(client, database_url=database_url)
+        if feed is not None:
+            sale.log.phase = "order events"
+            checks.append(await sale.deliveries(feed, database_url=database_url))
     result = sale.result(url, checks)
     print_result(console, result)
     json_path = html_path = None

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from seckill.crowd.audit import read_sale_end, verdicts
+from seckill.crowd.audit import read_book, read_sale_end, verdicts
 from seckill.crowd.client import ApiClient, Reply
 from seckill.crowd.crowd import Crowd, CrowdLog, StockWatch, watching
+from seckill.crowd.deliveries import Feed, delivered
 from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.queue_audit import (
     QueueFigures,
@@ -77,6 +78,17 @@ class Sale:
             )  # fmt: skip
             checks += queue_verdicts(self.queue_figures)
         return checks
+
+    async def deliveries(self, feed: Feed, *, database_url: str | None = None) -> Check:
+        """The verdict on what a broker's consumer got of the sale's order events (the bridge's
+        work): each order the crowd holds, and with a database every event SQL journaled."""
+        book = await read_book(database_url, self.item_id) if database_url else None
+        return await delivered(
+            feed,
+            item_id=self.item_id,
+            orders={o.order_id: o.status for o in self.log.orders.values()},
+            journal=book.journal if book is not None else None,
+        )
 
     def result(self, target: str, checks: list[Check]) -> CrowdResult:
         figures = self.queue_figures
