@@ -45,6 +45,9 @@ NAME = "order events delivered"
 DELIVERY_LIMIT_S = 30.0  # the backlog drains in well under a second at a demo's size
 QUIET_S = 0.5  # after the last expected message: long enough for a stray copy to show up
 PREFETCH = 500
+# A pull's wait: the crowd shares the event loop, and a pull whose wait ran out before it was
+# even sent ends at once.
+PULL_WAIT_S = 2.0
 _SHOWN = 3  # examples named in a detail
 
 # The event an order's last status was made by.
@@ -280,13 +283,16 @@ async def _nats(url: str, feed: Feed) -> AsyncIterator[None]:
         async def pull() -> None:
             while True:
                 try:
-                    batch = await reader.fetch(PREFETCH, timeout=0.5)
-                except nats.errors.TimeoutError:
+                    batch = await reader.fetch(PREFETCH, timeout=PULL_WAIT_S)
+                    for message in batch:
+                        headers = message.headers or {}
+                        feed.take(headers.get(Header.MSG_ID.value), message.data)
+                        await message.ack()
+                except TimeoutError:  # nothing new; nats-py's own is one too
                     continue
-                for message in batch:
-                    headers = message.headers or {}
-                    feed.take(headers.get(Header.MSG_ID.value), message.data)
-                    await message.ack()
+                except nats.errors.Error as exc:  # the verdict names what never arrived
+                    log.warning("nats consumer: %r; pulling again", exc)
+                    await asyncio.sleep(PULL_WAIT_S)
 
         puller = asyncio.create_task(pull())
         try:
