@@ -21,9 +21,10 @@ they go idle. Trimming drops only what every group of a stream has acknowledged.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,9 +32,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from seckill.domain.events import stream_position
-from seckill.engine.cluster import RedisClient
+from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
 from seckill.engine.engine import ShardCounts, registered_items
 from seckill.engine.keys import ItemKeys, item_keys
+
+log = logging.getLogger(__name__)
 
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
 
@@ -276,6 +279,24 @@ class GroupReader:
                     and consumer["name"] != self.consumer
                 ):
                     await self._redis.xgroup_delconsumer(stream, self.group, consumer["name"])
+
+
+async def one_pass(reader: GroupReader, work: Callable[[], Awaitable[int]]) -> int:
+    """One pass of a worker that reads through ``reader``: when Redis fails under it, the next
+    read starts with the consumer's own pending entries; when a stream lost its group (Redis
+    restarted empty, FLUSHALL, an older AOF; ``seckill recover`` puts the items back), the
+    streams are followed afresh."""
+    try:
+        return await work()
+    except REDIS_UNAVAILABLE:
+        reader.redis_failed()
+        raise
+    except ResponseError as exc:
+        if not str(exc).startswith("NOGROUP"):
+            raise
+        log.warning("%s: a stream lost its consumer group (%s); rediscovering", reader.group, exc)
+        reader.forget_streams()
+        return 0
 
 
 async def acknowledged_below(redis: RedisClient, stream: str) -> str | None:

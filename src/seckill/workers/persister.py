@@ -32,11 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import ResponseError
-
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
-from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
-from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
+from seckill.engine.cluster import RedisClient
+from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
@@ -90,18 +88,7 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
-        try:
-            return await self._pass()
-        except REDIS_UNAVAILABLE:
-            self._reader.redis_failed()
-            raise
-        except ResponseError as exc:
-            if not str(exc).startswith("NOGROUP"):
-                raise
-            # `seckill recover` puts the items back; the streams are followed afresh.
-            log.warning("a stream lost its consumer group (%s); rediscovering", exc)
-            self._reader.forget_streams()
-            return 0
+        return await one_pass(self._reader, self._pass)
 
     async def _pass(self) -> int:
         reader = self._reader
