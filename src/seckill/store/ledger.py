@@ -15,9 +15,13 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from seckill.domain.events import EventKind, StockEvent
+from seckill.domain.events import EventKind, ReleaseReason, StockEvent
+from seckill.domain.holds import PaymentSettlement
 from seckill.domain.items import SALE_TERMS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
-from seckill.domain.orders import OrderStatus
+from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.shards import home_shard
+from seckill.domain.times import datetime_to_ms
 from seckill.store.landing import land_batch
 from seckill.store.records import (
     DeadLetterRecord,
@@ -25,9 +29,10 @@ from seckill.store.records import (
     JournalRow,
     LandedOrder,
     OrderRecord,
+    PaymentRecord,
     RepairRecord,
 )
-from seckill.store.tables import DeadLetter, Inventory, Item, Order, Repair, StockFlow
+from seckill.store.tables import DeadLetter, Inventory, Item, Order, Payment, Repair, StockFlow
 
 
 def _item_record(row: Any) -> ItemRecord:
@@ -127,9 +132,120 @@ class Ledger:
                     JournalRow(r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard)
                     for r in journal
                 ],
+                archived=item is not None and item.archived_at is not None,
             )
             await conn.rollback()
         return book
+
+    # -- archiving: an item whose Redis keys are gone, answered from here ------------------------
+
+    async def items(self) -> list[tuple[ItemRecord, datetime | None]]:
+        """Every item, by id, with the time it was archived (None: it is not)."""
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(Item).order_by(Item.id))).all()
+        return [(_item_record(row), row.archived_at) for row in rows]
+
+    async def archived_at(self, item_id: int) -> datetime | None:
+        async with self.engine.connect() as conn:
+            found = await conn.execute(select(Item.archived_at).where(Item.id == item_id))
+            return found.scalar_one_or_none()
+
+    async def archive_candidates(
+        self, item_ids: Sequence[int], *, ended_before: datetime
+    ) -> list[int]:
+        """Of ``item_ids``, those archived already (their removal from Redis to finish) and
+        those whose sale ended before ``ended_before``, by id."""
+        if not item_ids:
+            return []
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(Item.id)
+                .where(
+                    Item.id.in_(item_ids),
+                    (Item.ends_at <= ended_before) | Item.archived_at.is_not(None),
+                )
+                .order_by(Item.id)
+            )
+            return [row.id for row in rows]
+
+    async def mark_archived(self, item_id: int, payments: Sequence[PaymentRecord]) -> None:
+        """The commit point of archiving, one transaction: the item's payment notices are kept
+        here, and the item is marked archived (from then on every read of it answers from SQL).
+        Marking an archived item again keeps its first time."""
+        async with self.engine.begin() as conn:
+            await _keep_payments(conn, payments)
+            await conn.execute(
+                update(Item)
+                .where(Item.id == item_id, Item.archived_at.is_(None))
+                .values(archived_at=datetime.now(UTC))
+            )
+
+    async def keep_payments(self, payments: Sequence[PaymentRecord]) -> None:
+        """Record payment notices (one already recorded keeps its first answer)."""
+        async with self.engine.begin() as conn:
+            await _keep_payments(conn, payments)
+
+    async def payment(self, payment_id: str) -> PaymentRecord | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(select(Payment).where(Payment.payment_id == payment_id))
+            ).first()
+        return None if row is None else _payment_record(row)
+
+    async def settle_archived_payment(
+        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
+    ) -> PaymentSettlement | None:
+        """A payment notice for an order of an archived item, answered as settle_payment.lua
+        answers one in Redis: a payment id seen before gets its first answer (or refuses with
+        ``payment_id_reused``), a success for a released order is ``refund_required`` (the
+        order marked and journaled once; no stock moves: it was never sold), a paid order stays
+        paid. None: the item has no such order (nothing recorded)."""
+        async with self.engine.begin() as conn:
+            seen = (
+                await conn.execute(select(Payment).where(Payment.payment_id == payment_id))
+            ).first()
+            if seen is not None:
+                if seen.order_id != order_id or seen.succeeded != succeeded:
+                    raise InvalidRequest(
+                        ErrorCode.PAYMENT_ID_REUSED,
+                        f"payment {payment_id} was settled as "
+                        f"{'succeeded' if seen.succeeded else 'failed'} for order {seen.order_id}",
+                    )
+                reason = ReleaseReason(seen.reason) if seen.reason else None
+                return PaymentSettlement(Outcome(seen.outcome), reason, replayed=True)
+            order = (
+                await conn.execute(
+                    select(Order, Item.stock_shards)
+                    .join(Item, Item.id == Order.item_id)
+                    .where(Order.id == order_id, Order.item_id == item_id)
+                    .with_for_update()
+                )
+            ).first()
+            if order is None:
+                return None
+            status = OrderStatus(order.status)
+            reason = ReleaseReason(order.release_reason) if order.release_reason else None
+            if status is OrderStatus.PAID:
+                outcome, reason = Outcome.ALREADY_PAID, None
+            elif status not in RELEASED_STATUSES:
+                raise RuntimeError(f"archived item {item_id} has order {order_id} {status}")
+            elif not succeeded:
+                outcome = Outcome.ALREADY_RELEASED
+            else:
+                outcome = Outcome.REFUND_REQUIRED
+                if status is OrderStatus.RELEASED:
+                    await _mark_refund_required(conn, order)
+            await _keep_payments(
+                conn,
+                [
+                    PaymentRecord(
+                        payment_id=payment_id, item_id=item_id, order_id=order_id,
+                        succeeded=succeeded, outcome=outcome.value,
+                        reason=reason.value if reason else None,
+                    )
+                ],
+            )  # fmt: skip
+        return PaymentSettlement(outcome, reason)
 
     # -- repairs (the reconciler's; each is journaled with record_repair) -----------------------
 
@@ -312,6 +428,59 @@ class Ledger:
                 .where(DeadLetter.id == dead_letter_id)
                 .values(replayed_at=datetime.now(UTC))
             )
+
+
+async def _keep_payments(conn: AsyncConnection, payments: Sequence[PaymentRecord]) -> None:
+    if not payments:
+        return
+    known = set(
+        (
+            await conn.execute(
+                select(Payment.payment_id).where(
+                    Payment.payment_id.in_([p.payment_id for p in payments])
+                )
+            )
+        ).scalars()
+    )
+    now = datetime.now(UTC)
+    fresh = [
+        {
+            "payment_id": p.payment_id, "item_id": p.item_id, "order_id": p.order_id,
+            "succeeded": p.succeeded, "outcome": p.outcome, "reason": p.reason,
+            "recorded_at": now,
+        }
+        for p in payments
+        if p.payment_id not in known
+    ]  # fmt: skip
+    if fresh:
+        await conn.execute(insert(Payment), fresh)
+
+
+async def _mark_refund_required(conn: AsyncConnection, order: Any) -> None:
+    """A released order of an archived item paid after all: its status and its journal row, as
+    a landed ``refund_required`` event leaves them (it moves no stock). The row is named as
+    stream entries are, by the time and, for its sequence, the order id: one per order."""
+    now = datetime.now(UTC)
+    await conn.execute(
+        update(Order)
+        .where(Order.id == order.id, Order.status == OrderStatus.RELEASED.value)
+        .values(status=OrderStatus.REFUND_REQUIRED.value, updated_at=now)
+    )
+    await conn.execute(
+        insert(StockFlow).values(
+            item_id=order.item_id, shard=home_shard(order.buyer, order.stock_shards),
+            event_id=f"{datetime_to_ms(now)}-{order.id}", event=EventKind.REFUND_REQUIRED.value,
+            order_id=order.id, quantity=order.quantity, reason=order.release_reason, at=now,
+            available_delta=0, held_delta=0, sold_delta=0,
+        )
+    )  # fmt: skip
+
+
+def _payment_record(row: Any) -> PaymentRecord:
+    return PaymentRecord(
+        payment_id=row.payment_id, item_id=row.item_id, order_id=row.order_id,
+        succeeded=row.succeeded, outcome=row.outcome, reason=row.reason,
+    )  # fmt: skip
 
 
 def _landed_order(row: Any) -> LandedOrder:

@@ -68,6 +68,7 @@ class ItemBook:
     stock: Stock | None
     orders: dict[int, LandedOrder]
     journal: list[JournalRow]
+    archived: bool = False  # the item left Redis: SQL is its whole record
 
     def for_shard(self, shard: int, shards: int) -> ItemBook:
         """The part of the record one stock shard's stream wrote: its buyers' orders and its
@@ -81,6 +82,7 @@ class ItemBook:
                 if home_shard(order.buyer, shards) == shard
             },
             journal=[row for row in self.journal if row.shard == shard],
+            archived=self.archived,
         )
 
 
@@ -93,3 +95,16 @@ class RepairRecord:
     subject: str  # an order id, a counter, the item
     action: str  # what was done, and which side won
     detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PaymentRecord:
+    """A payment provider's notice and the answer it got (``outcome``, ``reason``), as recorded
+    once per payment id: in Redis while the item is live, in SQL once it is archived."""
+
+    payment_id: str
+    item_id: int
+    order_id: int
+    succeeded: bool
+    outcome: str
+    reason: str | None

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -78,6 +79,8 @@ class Item(Base):
     hold_seconds: Mapped[int] = mapped_column(Integer)
     stock_shards: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    # Set once its Redis keys are removed (or being removed): SQL answers every read from then on.
+    archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         CheckConstraint("stock_shards >= 1 AND stock_shards <= 64", name="stock_shards"),
@@ -180,6 +183,24 @@ class DeadLetter(Base):
     replayed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (UniqueConstraint("stream", "entry_id"),)
+
+
+class Payment(Base):
+    """A payment provider's notice about an archived item's order, and the answer it got: the
+    notices Redis recorded, moved here when the item was archived, and the ones that came later
+    (so a provider retrying is answered as it was, for as long as it retries)."""
+
+    __tablename__ = "payments"
+
+    payment_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    item_id: Mapped[int] = mapped_column(BigInteger)
+    order_id: Mapped[int] = mapped_column(BigInteger)
+    succeeded: Mapped[bool] = mapped_column(Boolean)
+    outcome: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(String(16))
+    recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (Index(None, "order_id"),)
 
 
 class Repair(Base):
