@@ -10,8 +10,9 @@ from seckill.domain.events import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, Outcome
 from seckill.engine.scripts import HOLD_SCRIPTS, ITEM_SCRIPTS, LUA_DIR, QUEUE_SCRIPTS, ScriptName
 
-# Validated by Python alone: the key's text only reaches Redis inside a key name.
-PYTHON_ONLY_ERRORS = {ErrorCode.INVALID_KEY}
+# Validated by Python alone: the key's text only reaches Redis inside a key name; whether an
+# item is archived, or settled, is SQL's to say.
+PYTHON_ONLY_ERRORS = {ErrorCode.INVALID_KEY, ErrorCode.ITEM_ARCHIVED, ErrorCode.ITEM_UNSETTLED}
 
 
 def _header(name: str) -> str:

@@ -71,6 +71,8 @@ REFUSALS: dict[Outcome, tuple[int, str]] = {
 # Invalid input is 422, except where the input is fine but the state forbids it.
 _CONFLICTS = {
     ErrorCode.ITEM_ACTIVE: 409,
+    ErrorCode.ITEM_ARCHIVED: 409,
+    ErrorCode.ITEM_UNSETTLED: 409,
     ErrorCode.TOTAL_BELOW_COMMITTED: 409,
     ErrorCode.LIMIT_BELOW_COMMITTED: 409,
     ErrorCode.PAYMENT_ID_REUSED: 422,

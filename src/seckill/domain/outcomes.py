@@ -44,6 +44,9 @@ class Outcome(StrEnum):
     PLACED = "placed"
     NOT_QUEUED = "not_queued"
     ADVANCED = "advanced"
+    # archive (an item leaving Redis once settled)
+    ARCHIVED = "archived"
+    UNSETTLED = "unsettled"
 
 
 class ErrorCode(StrEnum):
@@ -75,6 +78,8 @@ class ErrorCode(StrEnum):
     STOCK_SHARDS_FIXED = "stock_shards_fixed"
     INVALID_DRAW = "invalid_draw"
     INVALID_ADMISSION = "invalid_admission"
+    ITEM_ARCHIVED = "item_archived"
+    ITEM_UNSETTLED = "item_unsettled"
 
 
 class InvalidRequest(ValueError):

@@ -23,10 +23,19 @@ from seckill.domain.holds import (
     Reservation,
 )
 from seckill.domain.items import STOCK_FIELDS, SaleItem, Stock
+from seckill.domain.lifecycle import Unsettled
 from seckill.domain.outcomes import Outcome
 from seckill.domain.shards import home_shard, split_stock
 from seckill.engine.cluster import RedisClient, time_ms
-from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys, item_keys, items_registry
+from seckill.engine.keys import (
+    DEFAULT_PREFIX,
+    ItemKeys,
+    item_card_keys,
+    item_keys,
+    items_registry,
+    queue_keys,
+    queues_registry,
+)
 from seckill.engine.scripts import ScriptName, Scripts
 
 Clock = Callable[[], int]
@@ -75,6 +84,17 @@ class ItemSnapshot:
     shard: int = 0
     shards: int = 1  # the item's shard count (this snapshot is of one of them)
     transfers: Transfers = field(default_factory=dict)  # see ItemKeys.transfers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardRemains:
+    """What archiving a shard moves to SQL first, as one read: the payment notices it recorded
+    (payment id -> the answer, JSON decoded) and its dead letters (each a sink gave up on),
+    as of its stream's ``last_event_id``."""
+
+    last_event_id: str
+    payments: dict[str, dict[str, Any]]
+    dead_letters: list[tuple[str, dict[str, str]]]
 
 
 class RecoveredOrder(NamedTuple):
@@ -140,6 +160,10 @@ class ShardCounts:
 
     def learn(self, item_id: int, shards: int) -> None:
         self._known[item_id] = shards
+
+    def forget(self, item_id: int) -> None:
+        """The item left Redis (archived): read it again should it ever come back."""
+        self._known.pop(item_id, None)
 
 
 def combined_stock(item_total: int, parts: Sequence[tuple[Stock, Transfers]]) -> Stock:
@@ -750,6 +774,64 @@ class RedisEngine:
             shards=shards,
             transfers=_transfers(cast(dict[str, str], transfers)),
         )
+
+    async def shard_remains(self, item_id: int, shard: int = 0) -> ShardRemains:
+        """What archiving a shard must move to SQL first, read in one MULTI/EXEC."""
+        keys = self.keys(item_id, shard)
+        async with self._redis.pipeline(transaction=True) as tx:
+            tx.xinfo_stream(keys.events)
+            tx.hgetall(keys.payments)
+            tx.xrange(keys.dead_letters)
+            stream, payments, dead = await tx.execute(raise_on_error=False)
+        if isinstance(stream, ResponseError):  # no such key: the stream was never written
+            stream = {"last-generated-id": "0-0"}
+        for reply in (payments, dead):
+            if isinstance(reply, Exception):
+                raise reply
+        return ShardRemains(
+            last_event_id=str(stream["last-generated-id"]),
+            payments={k: json.loads(v) for k, v in cast(dict[str, str], payments).items()},
+            dead_letters=cast(list[tuple[str, dict[str, str]]], dead),
+        )
+
+    async def archive_shard(
+        self, item_id: int, shard: int, remains: ShardRemains
+    ) -> Unsettled | None:
+        """Delete every key of a settled shard at once, if nothing changed since ``remains`` was
+        read; None when done (or already gone), else why not (nothing deleted)."""
+        keys = self.keys(item_id, shard)
+        rest: tuple[str, ...] = (keys.transfers, keys.in_transit)
+        if shard == 0:  # the waiting room (but the head, which is the item's) and the card
+            queue = queue_keys(item_id, self._prefix).all()[1:]
+            rest += (*queue, *item_card_keys(item_id, self._prefix))
+        reply = await self._call(
+            ScriptName.ARCHIVE,
+            item_id,
+            self.now_arg(),
+            remains.last_event_id,
+            len(remains.payments),
+            len(remains.dead_letters),
+            extra_keys=(keys.dead_letters, keys.payments, *rest),
+            shard=shard,
+        )
+        return None if Outcome(reply[0]) is Outcome.ARCHIVED else Unsettled(reply[1])
+
+    async def forget_item(self, item_id: int) -> int:
+        """After every shard is archived: the item leaves the registries, and its buyers'
+        idempotency records and rate windows (which would expire anyway) go now; returns how
+        many of those were deleted. A SCAN: once per archived item, never on a sale's path."""
+        shards = await self.shard_count(item_id)
+        await self._redis.srem(items_registry(self._prefix), item_id)
+        await self._redis.srem(queues_registry(self._prefix), item_id)
+        deleted = 0
+        for shard in range(shards):
+            keys = self.keys(item_id, shard)
+            for prefix in (keys.idempotency_prefix, keys.rate_prefix):
+                batch = [key async for key in self._redis.scan_iter(match=prefix + "*", count=1000)]
+                for at in range(0, len(batch), 500):
+                    deleted += int(await self._redis.delete(*batch[at : at + 500]))
+        self._shard_counts.forget(item_id)
+        return deleted
 
     async def last_event_id(self, item_id: int, shard: int = 0) -> str:
         """The last id a shard's stream generated ("0-0": no stream)."""

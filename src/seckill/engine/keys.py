@@ -144,3 +144,8 @@ def item_card_key(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
 def item_card_lock_key(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
     """String (an owner token, PX): held by the one process loading the item's card from SQL."""
     return f"{prefix}:{{item:{item_id}}}:card:lock"
+
+
+def item_card_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+    """The item's card and its lock: what archiving removes beside the item's own keys."""
+    return item_card_key(item_id, prefix), item_card_lock_key(item_id, prefix)

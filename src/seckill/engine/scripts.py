@@ -53,13 +53,15 @@ class ScriptName(StrEnum):
     QUEUE_JOIN = "queue_join"
     QUEUE_PLACE = "queue_place"
     QUEUE_ADVANCE = "queue_advance"
+    ARCHIVE = "archive"
 
 
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
 ITEM_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
      ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
-     ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT, ScriptName.TRANSFER_IN}
+     ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT, ScriptName.TRANSFER_IN,
+     ScriptName.ARCHIVE}
 )  # fmt: skip
 
 # Item scripts that move or count holds also take _holds.lua. The others go without: a script
@@ -80,10 +82,11 @@ QUEUE_SCRIPTS = frozenset({ScriptName.QUEUE_JOIN, ScriptName.QUEUE_PLACE, Script
 # drift. A transfer's second half is sent only once its first is acknowledged: a lost first half
 # with a received second would count the units twice. A queue position is a promise too; the
 # inlet's step and the seal are not (lost, they are taken again from the state that survived).
+# An archived shard's removal is waited on so that SQL's record of it is not ahead for long.
 WAITED_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
      ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.TRANSFER_OUT,
-     ScriptName.TRANSFER_IN, ScriptName.QUEUE_JOIN}
+     ScriptName.TRANSFER_IN, ScriptName.QUEUE_JOIN, ScriptName.ARCHIVE}
 )  # fmt: skip
 
 
