@@ -183,6 +183,16 @@ class Settings(BaseSettings):
         False, description="Whether the reconciler worker repairs what it finds, or only reports."
     )
 
+    archive_grace_seconds: float = Field(
+        3_600.0,
+        ge=0,
+        description="How long after its sale ended a settled item is archived: its keys leave "
+        "Redis and SQL answers for it.",
+    )
+    archive_interval_seconds: float = Field(
+        30.0, gt=0, description="How often the archiver looks for items to archive."
+    )
+
     @property
     def database_url_is_default(self) -> bool:
         return not self.database_url

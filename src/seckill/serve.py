@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,9 @@ from seckill.config import Settings
 from seckill.engine.queues import Queues
 from seckill.observability.logs import configure_logging
 from seckill.reconcile.reconciler import Reconciler
+from seckill.services.archive import Archivist
 from seckill.sinks import sink_from_url
+from seckill.workers.archiver import Archiver
 from seckill.workers.bridge import Bridge
 from seckill.workers.inlet import Inlet
 from seckill.workers.loop import Worker, run_until_stopped, stop_on_signals
@@ -48,6 +51,7 @@ class WorkerKind(StrEnum):
     RECONCILER = "reconciler"
     INLET = "inlet"
     BRIDGE = "bridge"
+    ARCHIVER = "archiver"
 
 
 def build_worker(
@@ -106,6 +110,15 @@ def build_worker(
             turn_ms=settings.queue_turn_seconds * 1000,
         )
         return inlet, settings.queue_inlet_interval_seconds
+    if kind is WorkerKind.ARCHIVER:
+        grace = timedelta(seconds=runtime.settings.archive_grace_seconds)
+        archiver = Archiver(
+            engine=runtime.engine,
+            ledger=runtime.ledger,
+            archivist=Archivist(engine=runtime.engine, ledger=runtime.ledger, grace=grace),
+            grace=grace,
+        )
+        return archiver, runtime.settings.archive_interval_seconds
     reaper = Reaper(engine=runtime.engine)
     return reaper, runtime.settings.reaper_interval_seconds
 

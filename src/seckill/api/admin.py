@@ -1,7 +1,9 @@
-"""Operator routes: create an item in SQL, warm it into Redis, compare the two records."""
+"""Operator routes: create an item in SQL, warm it into Redis, compare the two records, see
+each item's stage and archive it once settled."""
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -13,19 +15,25 @@ from seckill.api.errors import documented
 from seckill.api.paths import ItemId
 from seckill.api.schemas import (
     AdmissionOut,
+    ArchiveOut,
     AuditOut,
     CheckOut,
     Counters,
+    HindranceOut,
     ItemCountersOut,
     ItemOut,
+    ItemStageOut,
     NewItemIn,
     QueueReportOut,
     WarmOut,
 )
 from seckill.domain.items import Stock
+from seckill.domain.lifecycle import Stage
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.queues import Queues
 from seckill.reconcile.records import audit_records
+from seckill.services.archive import Archivist, Settlement
 from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
 from seckill.services.items import create_item as create_item_service
 from seckill.services.waiting_room import queue_report
@@ -86,6 +94,48 @@ async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersO
         agree=found.redis == found.sql,
         shards=[_counters(shard) for shard in found.shards],
     )
+
+
+@router.get("/items", response_model=list[ItemStageOut], responses=documented(401, 403, 503))
+async def items(_: AdminIdentity, ctx: Ctx) -> list[ItemStageOut]:
+    """Every item with its stage (scheduled, on_sale, ended, settled, archived) and what keeps
+    it from being archived."""
+    return [
+        _stage_out(record.name, record.starts_at, record.ends_at, settled)
+        for record, settled in await _archivist(ctx).stages()
+    ]
+
+
+@router.post(
+    "/items/{item_id}/archive",
+    response_model=ArchiveOut,
+    responses=documented(401, 403, 404, 409, 422, 503),
+)
+async def archive(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ArchiveOut:
+    """Archive a settled item now (its grace period waived): its keys leave Redis; SQL keeps
+    it and answers every read of it. 409 ``item_unsettled``, with the reasons, while anything
+    is unsettled (nothing changes then)."""
+    done = await _archivist(ctx).archive(item_id, waive_grace=True)
+    if done.stage is not Stage.ARCHIVED:
+        why = "; ".join(f"{h.reason}: {h.detail}" for h in done.hindrances)
+        raise InvalidRequest(ErrorCode.ITEM_UNSETTLED, f"item {item_id} is {done.stage}: {why}")
+    return ArchiveOut(
+        item_id=item_id, stage=done.stage, removed=done.removed,
+        unsettled=[HindranceOut(reason=h.reason, detail=h.detail) for h in done.hindrances],
+    )  # fmt: skip
+
+
+def _archivist(ctx: Context) -> Archivist:
+    grace = timedelta(seconds=ctx.runtime.settings.archive_grace_seconds)
+    return Archivist(engine=ctx.runtime.engine, ledger=ctx.runtime.ledger, grace=grace)
+
+
+def _stage_out(name: str, starts_at: datetime, ends_at: datetime, s: Settlement) -> ItemStageOut:
+    return ItemStageOut(
+        item_id=s.item_id, name=name, starts_at=starts_at, ends_at=ends_at, stage=s.stage,
+        archived_at=s.archived_at,
+        unsettled=[HindranceOut(reason=h.reason, detail=h.detail) for h in s.hindrances],
+    )  # fmt: skip
 
 
 @router.get(

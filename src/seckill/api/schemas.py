@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 
+from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.orders import OrderStatus
 from seckill.domain.rules import MAX_ID, MAX_QUANTITY, MAX_STOCK_SHARDS
 
@@ -64,7 +65,10 @@ class ItemOut(BaseModel):
     per_buyer_limit: int
     hold_seconds: int
     stock_shards: int
-    available: int | None = Field(description="Units left now; null until the item is warmed.")
+    available: int | None = Field(
+        description="Units left now; null until the item is warmed. Once archived: what SQL "
+        "says was left."
+    )
 
 
 class WarmOut(BaseModel):
@@ -88,6 +92,32 @@ class ItemCountersOut(BaseModel):
     shards: list[Counters | None] = Field(
         description="Each stock shard's own counters in Redis (its total moves with transfers); "
         "one entry for an item without shards."
+    )
+
+
+class HindranceOut(BaseModel):
+    reason: Unsettled
+    detail: str
+
+
+class ItemStageOut(BaseModel):
+    item_id: int
+    name: str
+    starts_at: datetime
+    ends_at: datetime
+    stage: Stage = Field(description="scheduled, on_sale, ended, settled or archived.")
+    archived_at: datetime | None
+    unsettled: list[HindranceOut] = Field(
+        description="What keeps the item from being archived now (empty: nothing)."
+    )
+
+
+class ArchiveOut(BaseModel):
+    item_id: int
+    stage: Stage
+    removed: bool = Field(description="Redis holds none of the item's keys any more.")
+    unsettled: list[HindranceOut] = Field(
+        description="Archived in SQL but still in Redis: what its removal waits for."
     )
 
 

@@ -15,6 +15,7 @@ from seckill.domain.rules import MAX_STOCK_SHARDS
 
 if TYPE_CHECKING:
     from seckill.bootstrap import Runtime
+    from seckill.services.archive import Archiving, Archivist
     from seckill.services.item_cache import ItemCache
 
 commands = typer.Typer()
@@ -139,6 +140,37 @@ def item_warm(
         lambda rt: warm_item(rt.engine, rt.ledger, item_id, force=force, cache=item_cache(rt))
     )
     console.print(f"item {item_id}: {outcome}")
+
+
+def archivist(runtime: Runtime) -> Archivist:
+    from seckill.services.archive import Archivist
+
+    grace = timedelta(seconds=runtime.settings.archive_grace_seconds)
+    return Archivist(engine=runtime.engine, ledger=runtime.ledger, grace=grace)
+
+
+@item_commands.command("list")
+def item_list() -> None:
+    """Every item with its stage: scheduled, on_sale, ended, settled or archived (and, for an
+    ended item, what is left to settle)."""
+    from seckill.cli.output import print_stages
+
+    print_stages(console, with_runtime(lambda rt: archivist(rt).stages()))
+
+
+@item_commands.command("archive")
+def item_archive(item_id: int = typer.Argument(..., min=1)) -> None:
+    """Archive a settled item now (its grace period waived): its keys leave Redis, SQL keeps
+    it and answers for it. Refused, with the reasons, while anything is unsettled (exit 1)."""
+    from seckill.cli.output import print_archiving
+
+    async def work(runtime: Runtime) -> Archiving:
+        return await archivist(runtime).archive(item_id, waive_grace=True)
+
+    done = with_runtime(work)
+    print_archiving(console, done)
+    if not done.removed:
+        raise typer.Exit(1)
 
 
 @commands.command()

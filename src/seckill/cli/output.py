@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from seckill.domain.lifecycle import Stage
 from seckill.domain.outcomes import ErrorCode
 
 if TYPE_CHECKING:
-    from seckill.domain.items import Stock
+    from seckill.domain.items import ItemRecord, Stock
     from seckill.reconcile.reconciler import ItemReport
+    from seckill.services.archive import Archiving, Settlement
     from seckill.services.dead_letters import Replay
     from seckill.services.items import WarmedItem
     from seckill.store.records import DeadLetterRecord
@@ -44,6 +46,33 @@ def print_warmed(console: Console, warmed: Sequence[WarmedItem]) -> bool:
         )  # fmt: skip
     console.print(table)
     return not refused
+
+
+def print_stages(console: Console, stages: Sequence[tuple[ItemRecord, Settlement]]) -> None:
+    """One row per item: its window, its stage, and what keeps an ended item from archiving."""
+    table = Table(title=f"{len(stages)} item(s)")
+    for column in ("item", "name", "starts at", "ends at", "stage", "why not archived yet"):
+        table.add_column(column)
+    for record, settled in stages:
+        why = "; ".join(f"{h.reason}: {h.detail}" for h in settled.hindrances)
+        if settled.archived_at is not None:
+            why = f"archived at {settled.archived_at.isoformat(timespec='seconds')}"
+        table.add_row(
+            str(record.item_id), record.name, record.starts_at.isoformat(timespec="seconds"),
+            record.ends_at.isoformat(timespec="seconds"), settled.stage.value, why,
+        )  # fmt: skip
+    console.print(table)
+
+
+def print_archiving(console: Console, done: Archiving) -> None:
+    if done.removed:
+        console.print(f"item {done.item_id} archived: Redis holds none of it; SQL answers for it")
+        return
+    why = "; ".join(f"{h.reason}: {h.detail}" for h in done.hindrances)
+    if done.stage is Stage.ARCHIVED:
+        console.print(f"item {done.item_id} archived in SQL; its keys leave Redis once: {why}")
+    else:
+        console.print(f"[red]item {done.item_id} not archived[/] (stage {done.stage}): {why}")
 
 
 def _ttl(ms: int | None) -> str:

@@ -42,12 +42,13 @@ _PORT = typer.Option(None, min=0, max=65535, help=f"Port ({setting_default('api_
 
 @commands.command()
 def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
-    """Run the API and all workers (persister, reaper, reconciler, the inlet with
+    """Run the API and all workers (persister, reaper, reconciler, archiver, the inlet with
     SECKILL_WAITING_ROOM, the bridge with SECKILL_BRIDGE_URL) in one process until SIGTERM."""
     settings = overridden(start_process(), api_host=host, api_port=port)
     inlet = ("inlet",) if settings.waiting_room else ()
     bridge = ("bridge",) if settings.bridge_url else ()
-    _run(settings, api=True, workers=("persister", "reaper", "reconciler", *inlet, *bridge))
+    workers = ("persister", "reaper", "reconciler", "archiver", *inlet, *bridge)
+    _run(settings, api=True, workers=workers)
 
 
 class ApiServer(StrEnum):
@@ -145,6 +146,28 @@ def worker_reconciler(
         start_process(), reconcile_interval_seconds=interval, reconcile_repair=repair
     )
     _run(settings, api=False, workers=("reconciler",))
+
+
+@worker_commands.command("archiver")
+def worker_archiver(
+    interval: float | None = typer.Option(
+        None,
+        min=0.01,
+        help=f"Seconds between passes ({setting_default('archive_interval_seconds')}).",
+    ),
+    grace: float | None = typer.Option(
+        None,
+        min=0,
+        help="Seconds after its sale ended that a settled item is archived "
+        f"({setting_default('archive_grace_seconds')}).",
+    ),
+) -> None:
+    """Archive settled items each interval, until SIGTERM: their keys leave Redis, SQL keeps
+    them. Replicas are safe: each item is archived under its own upkeep lease."""
+    settings = overridden(
+        start_process(), archive_interval_seconds=interval, archive_grace_seconds=grace
+    )
+    _run(settings, api=False, workers=("archiver",))
 
 
 @worker_commands.command("inlet")

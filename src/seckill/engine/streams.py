@@ -150,6 +150,9 @@ async def refresh_stream_gauges(engine: RedisEngine) -> None:
     stream gauges (for ``/metrics``, when scraped)."""
     shards = [keys for i in await engine.item_ids() for keys in await engine.shard_keys(i)]
     streams = await read_progress(engine.redis, [keys.events for keys in shards])
+    # Archived items' series go: what a scrape returns follows the live items, not history.
+    for gauge in (metrics.STREAM_LENGTH, metrics.STREAM_PENDING, metrics.STREAM_LAG):
+        gauge.clear()
     for keys, stream in zip(shards, streams, strict=True):
         # An item's label; a stock shard's stream is labelled "<item>:s<shard>".
         item = str(keys.item_id) if keys.shard == 0 else f"{keys.item_id}:s{keys.shard}"

@@ -111,6 +111,10 @@ REAPER_RELEASES = Counter(
     "seckill_reaper_releases_total",
     "Holds released by the reaper because their deadline passed.",
 )
+ITEMS_ARCHIVED = Counter(
+    "seckill_items_archived_total",
+    "Items archived: settled, their keys removed from Redis (SQL answers for them).",
+)
 REAPER_LAST_PASS = Gauge(
     "seckill_reaper_last_pass_timestamp_seconds",
     "Unix time at which a reaper last finished a pass (the latest over every process).",

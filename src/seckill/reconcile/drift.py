@@ -127,7 +127,7 @@ def find_drift(
                     f"{len(book.orders)} orders, journal up to {_show(newest_landed)}",
                 )
             )
-        return findings + sql_findings(book) + _dead_letter_findings(dead_letters)
+        return findings + sql_findings(book) + dead_letter_findings(dead_letters)
     position = stream_position(snapshot.last_event_id)
     if newest_landed > stream_position(redis_position_now):
         # Nothing SQL landed is "after the snapshot" then: compare with all of it, so every
@@ -158,7 +158,7 @@ def find_drift(
                 f"orders {shown}",
             )
         )
-    return findings + _dead_letter_findings(dead_letters)
+    return findings + dead_letter_findings(dead_letters)
 
 
 def _order_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) -> list[Finding]:
@@ -273,7 +273,7 @@ def _total_findings(snapshot: ItemSnapshot, book: ItemBook) -> list[Finding]:
     return [Finding(Drift.TOTAL_DIFFERS, "total", str(snapshot.item.total), str(book.stock.total))]
 
 
-def _dead_letter_findings(count: int) -> list[Finding]:
+def dead_letter_findings(count: int) -> list[Finding]:
     if not count:
         return []
     return [

@@ -33,8 +33,17 @@ from dataclasses import dataclass, field
 from seckill.domain.events import stream_position
 from seckill.domain.holds import Hold
 from seckill.domain.items import Stock
+from seckill.domain.orders import OrderStatus
 from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
-from seckill.reconcile.drift import REDIS_LOST, Drift, Finding, find_drift, fold, sql_findings
+from seckill.reconcile.drift import (
+    REDIS_LOST,
+    Drift,
+    Finding,
+    dead_letter_findings,
+    find_drift,
+    fold,
+    sql_findings,
+)
 from seckill.reconcile.recovery import recover_item
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
@@ -71,7 +80,9 @@ class Comparison:
 
     @property
     def redis_stock(self) -> Stock | None:
-        """The item's counters in Redis: across its shards, put on one cut."""
+        """The item's counters in Redis: across its shards, put on one cut (None: archived)."""
+        if not self.snapshots:
+            return None
         if len(self.snapshots) == 1 or any(s.item is None for s in self.snapshots):
             return self.snapshots[0].stock
         item = self.snapshots[0].item
@@ -104,6 +115,8 @@ class Reconciler:
         shards = await self._engine.shard_count(item_id)
         snapshots = [await self._engine.snapshot(item_id, shard) for shard in range(shards)]
         book = await self._ledger.book(item_id)
+        if book.archived:  # SQL is its whole record: checked against itself alone
+            return Comparison([], book, await self._archived_findings(item_id, book, shards))
         findings: list[Finding] = []
         for snapshot in snapshots:
             shard = snapshot.shard
@@ -121,12 +134,22 @@ class Reconciler:
             findings += sql_findings(book)
         return Comparison(snapshots, book, findings)
 
+    async def _archived_findings(self, item_id: int, book: ItemBook, shards: int) -> list[Finding]:
+        held = sum(o.quantity for o in book.orders.values() if o.status is OrderStatus.HELD)
+        findings = sql_findings(book)
+        if held:
+            findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", str(held)))
+        for shard in range(shards):
+            letters = await self._ledger.dead_letter_count(self._engine.keys(item_id, shard).events)
+            findings += dead_letter_findings(letters)
+        return findings
+
     async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
         compared = await self.compare(item_id)
         found = compared.findings
         report = ItemReport(
             item_id=item_id,
-            position=compared.snapshots[0].last_event_id,
+            position=compared.snapshots[0].last_event_id if compared.snapshots else "archived",
             redis_stock=compared.redis_stock,
             sql_stock=compared.book.stock,
             found=found,

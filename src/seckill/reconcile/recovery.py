@@ -17,6 +17,7 @@ which a partial loss can split (see docs/stock-shards.md). ``NotRecoverable`` sa
 from __future__ import annotations
 
 from seckill.domain.events import stream_position
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RecoveredOrder, Recovery, RedisEngine
 from seckill.services.items import UnknownItem
@@ -32,6 +33,11 @@ async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Rec
     book = await ledger.book(item_id)
     if book.item is None:
         raise UnknownItem(f"item {item_id} is not in the database")
+    if book.archived:
+        raise InvalidRequest(
+            ErrorCode.ITEM_ARCHIVED,
+            f"item {item_id} is archived: its sale is over and SQL is its record",
+        )
     if book.item.stock_shards > 1:
         raise NotRecoverable(
             f"item {item_id} has {book.item.stock_shards} stock shards: rebuilding it from SQL "

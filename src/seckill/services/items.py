@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from seckill.config import Settings
 from seckill.domain.items import ItemRecord, NewItem, Stock
@@ -84,6 +84,11 @@ async def warm_item(
 async def _load(engine: RedisEngine, ledger: Ledger, record: ItemRecord, *, force: bool) -> Outcome:
     """Load an item, unless Redis lost a sale SQL records (held or sold units): loading it would
     put every unit on sale again. That item needs ``seckill recover``, which keeps them."""
+    if await ledger.archived_at(record.item_id) is not None:
+        raise InvalidRequest(
+            ErrorCode.ITEM_ARCHIVED,
+            f"item {record.item_id} is archived: its sale is over and SQL is its record",
+        )
     stock = await ledger.stock(record.item_id)
     if (
         stock is not None
@@ -135,13 +140,20 @@ class ItemOnSale:
     available: int | None
 
 
-async def item_on_sale(cache: ItemCache, item_id: int) -> ItemOnSale:
+async def item_on_sale(
+    cache: ItemCache, item_id: int, *, ledger: Ledger | None = None
+) -> ItemOnSale:
     """The item through the cache, with ``available`` read live; UnknownItem if SQL has no such
-    id."""
+    id. With ``ledger``, an item Redis does not hold whose sale has ended (archived) shows what
+    SQL says was left."""
     record = await cache.record(item_id)
     if record is None:
         raise UnknownItem(f"no item {item_id}")
-    return ItemOnSale(record, await cache.available(item_id))
+    available = await cache.available(item_id)
+    if available is None and ledger is not None and record.ends_at <= datetime.now(UTC):
+        stock = await ledger.stock(item_id)
+        available = None if stock is None else stock.available
+    return ItemOnSale(record, available)
 
 
 @dataclass(frozen=True, slots=True)

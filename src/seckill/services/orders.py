@@ -2,7 +2,8 @@
 
 An order is decided in Redis (its hold) and landed in SQL moments later. Redis holds the live
 state (a hold record stays with its item after it settles), so it answers first; SQL answers for
-an order Redis no longer has (lost with a Redis that restarted empty, until recovery).
+an order Redis no longer has: its item archived (SQL is then its whole record, payment notices
+included), or lost with a Redis that restarted empty (until recovery).
 
 Every lookup names the item as well as the order (the buyer's URL, the payment notice): the
 hold is then one read in that item's keys, on the one node of a cluster that holds them, and
@@ -86,22 +87,37 @@ class OrderBook:
     async def cancel(
         self, buyer: str, item_id: int, order_id: int
     ) -> tuple[HoldTransition, OrderView]:
-        """The buyer gives the hold back. Idempotent; a paid order answers ``already_paid``."""
-        await self.buyers_order(buyer, item_id, order_id)
+        """The buyer gives the hold back. Idempotent; a paid order answers ``already_paid``.
+        An archived item's orders are all paid or released: answered from SQL."""
+        view = await self.buyers_order(buyer, item_id, order_id)
         transition = await self._engine.release(item_id, order_id, ReleaseReason.CANCELLED)
+        if transition.outcome is Outcome.UNKNOWN_ORDER and await self._archived(item_id):
+            if view.status is OrderStatus.PAID:
+                return HoldTransition(Outcome.ALREADY_PAID), view
+            reason = ReleaseReason(view.release_reason) if view.release_reason else None
+            return HoldTransition(Outcome.ALREADY_RELEASED, reason), view
         return transition, await self.buyers_order(buyer, item_id, order_id)
 
     async def settle_payment(
         self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
     ) -> tuple[PaymentSettlement, OrderView]:
         """Apply one provider notice (once per payment id); OrderNotFound for an order whose
-        hold the item does not hold (nothing is then recorded)."""
-        settlement = await self._engine.settle_payment(
+        hold the item does not hold (nothing is then recorded). An archived item's notices are
+        settled in SQL, with the same answers (a success for a released order is
+        ``refund_required``: it is never accepted as paid)."""
+        settlement: PaymentSettlement | None = await self._engine.settle_payment(
             item_id, order_id, payment_id=payment_id, succeeded=succeeded
         )
-        view = None
-        if settlement.outcome is not Outcome.UNKNOWN_ORDER:
-            view = await self.find(item_id, order_id)
-        if view is None:
+        if settlement is not None and settlement.outcome is Outcome.UNKNOWN_ORDER:
+            settlement = None
+            if await self._archived(item_id):
+                settlement = await self._ledger.settle_archived_payment(
+                    item_id, order_id, payment_id=payment_id, succeeded=succeeded
+                )
+        view = None if settlement is None else await self.find(item_id, order_id)
+        if settlement is None or view is None:
             raise OrderNotFound(f"no order {order_id} of item {item_id}")
         return settlement, view
+
+    async def _archived(self, item_id: int) -> bool:
+        return await self._ledger.archived_at(item_id) is not None

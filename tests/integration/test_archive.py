@@ -1,0 +1,378 @@
+"""Archiving (real Redis and SQL): a settled item leaves Redis in one step, refused while
+anything is unsettled; afterwards every read answers from SQL, and a late payment is never
+accepted as paid."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from seckill.domain.events import ReleaseReason
+from seckill.domain.items import NewItem, Stock
+from seckill.domain.lifecycle import Stage, Unsettled
+from seckill.domain.orders import OrderStatus
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.engine.cluster import RedisClient
+from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import items_registry, upkeep_lock_key
+from seckill.reconcile.reconciler import Reconciler
+from seckill.reconcile.records import audit_records
+from seckill.reconcile.recovery import recover_item
+from seckill.redis_server import RedisServer
+from seckill.services.archive import Archivist
+from seckill.services.items import item_counters, warm_item
+from seckill.services.orders import OrderBook
+from seckill.store.ledger import Ledger
+from seckill.workers.persister import Persister, PersisterConfig
+
+pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
+
+SALE_S = 1.5  # each test's sale ends this long after it was created
+
+
+async def new_sale(
+    engine: RedisEngine, ledger: Ledger, *, total: int = 10, hold_seconds: int = 60, shards: int = 1
+) -> int:
+    now = datetime.now(UTC)
+    item_id = await ledger.create_item(
+        NewItem(
+            name="Archived item", price_cents=500, total=total,
+            starts_at=now - timedelta(minutes=1), ends_at=now + timedelta(seconds=SALE_S),
+            per_buyer_limit=1, hold_seconds=hold_seconds, stock_shards=shards,
+        )
+    )  # fmt: skip
+    assert await warm_item(engine, ledger, item_id) is Outcome.LOADED
+    return item_id
+
+
+async def buy(engine: RedisEngine, item_id: int, buyer: str, order_id: int) -> None:
+    reserved = await engine.reserve(
+        item_id, buyer=buyer, quantity=1, idempotency_key=f"k-{buyer}", order_id=order_id
+    )
+    assert reserved.outcome is Outcome.RESERVED, reserved
+
+
+async def pay(engine: RedisEngine, item_id: int, order_id: int) -> None:
+    paid = await engine.settle_payment(
+        item_id, order_id, payment_id=f"pay-{order_id}", succeeded=True
+    )
+    assert paid.outcome is Outcome.PAID
+
+
+async def until_ended(ledger: Ledger, item_id: int) -> None:
+    record = await ledger.item(item_id)
+    assert record is not None
+    wait = (record.ends_at - datetime.now(UTC)).total_seconds()
+    await asyncio.sleep(max(wait, 0) + 0.05)
+
+
+async def land(redis: RedisClient, ledger: Ledger) -> None:
+    """Run a persister until a pass finds nothing."""
+    persister = Persister(
+        redis=redis, ledger=ledger, consumer="test", config=PersisterConfig(block_ms=10)
+    )
+    quiet = 0
+    while quiet < 2:
+        quiet = quiet + 1 if await persister.run_once() == 0 else 0
+
+
+async def keys_of(redis: RedisClient, item_id: int) -> list[str]:
+    """Every key of the item, of every stock shard."""
+    patterns = (f"*{{item:{item_id}}}*", f"*{{item:{item_id}:s*")
+    return sorted([k for p in patterns async for k in redis.scan_iter(match=p, count=1000)])
+
+
+def archivist(engine: RedisEngine, ledger: Ledger) -> Archivist:
+    return Archivist(engine=engine, ledger=ledger, grace=timedelta(0))
+
+
+async def settled_sale(redis: RedisClient, engine: RedisEngine, ledger: Ledger) -> int:
+    """A sale run to its end: three orders paid, two released by the buyers, all landed."""
+    item_id = await new_sale(engine, ledger)
+    for n in range(1, 6):
+        await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
+    for n in (1, 2, 3):
+        await pay(engine, item_id, item_id * 100 + n)
+    for n in (4, 5):
+        await engine.release(item_id, item_id * 100 + n, ReleaseReason.CANCELLED)
+    await until_ended(ledger, item_id)
+    await land(redis, ledger)
+    return item_id
+
+
+async def test_a_settled_sale_leaves_redis_and_sql_answers_for_it(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await settled_sale(redis, engine, ledger)
+    # Idempotency records (and rate windows) are swept with it, though they would expire.
+    assert any(":idem:" in k for k in await keys_of(redis, item_id))
+    archive = archivist(engine, ledger)
+    assert (await archive.settlement(item_id)).stage is Stage.SETTLED
+
+    done = await archive.archive(item_id)
+
+    assert (done.stage, done.removed, done.hindrances) == (Stage.ARCHIVED, True, [])
+    assert await keys_of(redis, item_id) == []
+    assert str(item_id) not in await redis.smembers(items_registry())  # type: ignore[misc]
+    assert item_id not in await engine.item_ids()
+    settlement = await archive.settlement(item_id)
+    assert settlement.stage is Stage.ARCHIVED and settlement.archived_at is not None
+    # Every read answers from SQL.
+    orders = OrderBook(engine=engine, ledger=ledger)
+    paid = await orders.buyers_order("buyer-1", item_id, item_id * 100 + 1)
+    assert paid.status is OrderStatus.PAID
+    released = await orders.buyers_order("buyer-4", item_id, item_id * 100 + 4)
+    assert (released.status, released.release_reason) == (OrderStatus.RELEASED, "cancelled")
+    counters = await item_counters(engine, ledger, item_id)
+    assert (counters.redis, counters.sql) == (None, Stock(total=10, available=7, held=0, sold=3))
+    checks = await audit_records(engine, ledger, item_id)
+    assert checks and all(c.ok for c in checks), checks
+    report = await Reconciler(engine, ledger, grace_ms=0).reconcile(item_id, repair=True)
+    assert (report.found, report.repairs) == ([], [])
+    # A buyer cancelling again is told what happened, from SQL.
+    transition, _ = await orders.cancel("buyer-1", item_id, item_id * 100 + 1)
+    assert transition.outcome is Outcome.ALREADY_PAID
+    # Nothing puts it back in Redis by mistake.
+    for refused in (warm_item(engine, ledger, item_id), recover_item(engine, ledger, item_id)):
+        with pytest.raises(InvalidRequest) as caught:
+            await refused
+        assert caught.value.code is ErrorCode.ITEM_ARCHIVED
+    assert await keys_of(redis, item_id) == []
+    # Archiving again changes nothing.
+    assert (await archive.archive(item_id)).removed
+
+
+async def test_a_late_payment_after_archiving_is_a_refund_and_moves_no_stock(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await settled_sale(redis, engine, ledger)
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+    orders = OrderBook(engine=engine, ledger=ledger)
+    before = await ledger.stock(item_id)
+    cancelled = item_id * 100 + 4
+
+    late, view = await orders.settle_payment(
+        item_id, cancelled, payment_id="late-1", succeeded=True
+    )
+
+    assert (late.outcome, late.reason, late.replayed) == (
+        Outcome.REFUND_REQUIRED, ReleaseReason.CANCELLED, False
+    )  # fmt: skip
+    assert view.status is OrderStatus.REFUND_REQUIRED
+    assert await ledger.stock(item_id) == before
+    again, _ = await orders.settle_payment(item_id, cancelled, payment_id="late-1", succeeded=True)
+    assert (again.outcome, again.replayed) == (Outcome.REFUND_REQUIRED, True)
+    with pytest.raises(InvalidRequest) as reused:
+        await orders.settle_payment(item_id, cancelled, payment_id="late-1", succeeded=False)
+    assert reused.value.code is ErrorCode.PAYMENT_ID_REUSED
+    failed, _ = await orders.settle_payment(
+        item_id, cancelled, payment_id="late-2", succeeded=False
+    )
+    assert failed.outcome is Outcome.ALREADY_RELEASED
+    # The notices Redis answered before archiving moved to SQL: a retry gets the same answer.
+    replayed, _ = await orders.settle_payment(
+        item_id, item_id * 100 + 1, payment_id=f"pay-{item_id * 100 + 1}", succeeded=True
+    )
+    assert (replayed.outcome, replayed.replayed) == (Outcome.PAID, True)
+    # The refund is in the journal, and SQL still agrees with itself.
+    assert (await ledger.journal_kinds(item_id))["refund_required"] == 1
+    assert all(c.ok for c in await audit_records(engine, ledger, item_id))
+    assert await ledger.stock(item_id) == before
+    assert await keys_of(redis, item_id) == []
+
+
+async def assert_live_and_whole(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, item_id: int, keys: list[str]
+) -> None:
+    assert await ledger.archived_at(item_id) is None
+    assert item_id in await engine.item_ids()
+    assert await keys_of(redis, item_id) == keys
+
+
+async def test_archiving_is_refused_while_a_hold_is_held(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await new_sale(engine, ledger, hold_seconds=600)
+    await buy(engine, item_id, "slow-payer", order_id=item_id * 100 + 1)
+    archive = archivist(engine, ledger)
+    refused = await archive.archive(item_id)
+    assert refused.stage is Stage.ON_SALE
+    assert [h.reason for h in refused.hindrances] == [Unsettled.NOT_ENDED]
+    await until_ended(ledger, item_id)
+    await land(redis, ledger)
+    keys = await keys_of(redis, item_id)
+
+    refused = await archive.archive(item_id)
+
+    assert (refused.stage, refused.removed) == (Stage.ENDED, False)
+    assert [h.reason for h in refused.hindrances] == [Unsettled.HELD]
+    await assert_live_and_whole(redis, engine, ledger, item_id, keys)
+    # Paid: settled, archived.
+    await pay(engine, item_id, item_id * 100 + 1)
+    await land(redis, ledger)
+    assert (await archive.archive(item_id)).removed
+
+
+async def test_archiving_is_refused_while_the_stream_has_a_backlog(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await new_sale(engine, ledger)
+    await land(redis, ledger)  # the persister's group exists, and is behind from here on
+    await buy(engine, item_id, "buyer", order_id=item_id * 100 + 1)
+    await pay(engine, item_id, item_id * 100 + 1)
+    await until_ended(ledger, item_id)
+    keys = await keys_of(redis, item_id)
+
+    refused = await archivist(engine, ledger).archive(item_id)
+
+    assert [h.reason for h in refused.hindrances] == [Unsettled.BACKLOG]
+    assert "persister 2" in refused.hindrances[0].detail
+    await assert_live_and_whole(redis, engine, ledger, item_id, keys)
+    await land(redis, ledger)
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+
+
+async def test_archiving_is_refused_with_a_dead_letter_not_replayed(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await settled_sale(redis, engine, ledger)
+    stream = engine.keys(item_id).events
+    await ledger.add_dead_letter(
+        stream=stream, entry_id="1-1", payload={"event": "nonsense"}, error="bad", deliveries=5
+    )
+    keys = await keys_of(redis, item_id)
+
+    refused = await archivist(engine, ledger).archive(item_id)
+
+    assert [h.reason for h in refused.hindrances] == [Unsettled.DEAD_LETTERS]
+    await assert_live_and_whole(redis, engine, ledger, item_id, keys)
+    [letter] = await ledger.dead_letters()
+    await ledger.mark_replayed(letter.id)
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+
+
+async def test_a_late_payment_answered_by_redis_mid_archiving_is_kept(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    """The notice comes between the commit in SQL and the removal: the shard's removal waits
+    for its event to land, and its answer is kept in SQL for the provider's retries."""
+    item_id = await settled_sale(redis, engine, ledger)
+    remains = await engine.shard_remains(item_id)
+    await ledger.mark_archived(item_id, [])
+    late = await engine.settle_payment(
+        item_id, item_id * 100 + 5, payment_id="late-mid", succeeded=True
+    )
+    assert late.outcome is Outcome.REFUND_REQUIRED
+
+    assert await engine.archive_shard(item_id, 0, remains) is Unsettled.BACKLOG
+    done = await archivist(engine, ledger).archive(item_id)
+    assert (done.stage, done.removed) == (Stage.ARCHIVED, False)
+    assert [h.reason for h in done.hindrances] == [Unsettled.BACKLOG]
+    await land(redis, ledger)
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+
+    orders = OrderBook(engine=engine, ledger=ledger)
+    again, view = await orders.settle_payment(
+        item_id, item_id * 100 + 5, payment_id="late-mid", succeeded=True
+    )
+    assert (again.outcome, again.replayed) == (Outcome.REFUND_REQUIRED, True)
+    assert view.status is OrderStatus.REFUND_REQUIRED
+    assert await ledger.stock(item_id) == Stock(total=10, available=7, held=0, sold=3)
+
+
+async def test_an_item_with_stock_shards_archives_every_shard(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await new_sale(engine, ledger, total=12, shards=3)
+    for n in range(1, 9):
+        await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
+        await pay(engine, item_id, item_id * 100 + n)
+    await until_ended(ledger, item_id)
+    await land(redis, ledger)
+    assert len({k.split("}")[0] for k in await keys_of(redis, item_id)}) == 3  # three slots
+
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+
+    assert await keys_of(redis, item_id) == []
+    assert await ledger.stock(item_id) == Stock(total=12, available=4, held=0, sold=8)
+    assert all(c.ok for c in await audit_records(engine, ledger, item_id))
+
+
+async def test_stages_through_an_items_life(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    now = datetime.now(UTC)
+    later = await ledger.create_item(
+        NewItem(
+            name="Later", price_cents=1, total=1, starts_at=now + timedelta(hours=1),
+            ends_at=now + timedelta(hours=2), per_buyer_limit=1, hold_seconds=60,
+        )
+    )  # fmt: skip
+    item_id = await new_sale(engine, ledger, hold_seconds=1)
+    await buy(engine, item_id, "buyer", order_id=item_id * 100 + 1)
+    archive = Archivist(engine=engine, ledger=ledger, grace=timedelta(hours=1))
+    stages = {record.item_id: s.stage for record, s in await archive.stages()}
+    assert stages == {later: Stage.SCHEDULED, item_id: Stage.ON_SALE}
+    await until_ended(ledger, item_id)
+    await land(redis, ledger)
+    assert (await archive.settlement(item_id)).stage is Stage.ENDED  # the hold is held
+    while await engine.expire_due(item_id):  # its deadline (1 s) passed before the end
+        pass
+    await land(redis, ledger)
+    settled = await archive.settlement(item_id)
+    assert settled.stage is Stage.SETTLED
+    assert [h.reason for h in settled.hindrances] == [Unsettled.IN_GRACE]
+    assert not (await archive.archive(item_id)).removed  # its grace is not over
+    assert (await archive.archive(item_id, waive_grace=True)).removed
+    assert (await archive.settlement(item_id)).stage is Stage.ARCHIVED
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
+    redis_server: RedisServer, sql_url: str, redis: RedisClient, engine: RedisEngine,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """Processes archiving 16 settled items are killed at random moments, 6 times: each item is
+    then either live with every key it had, or archived (SQL answers for it; its keys, if any
+    are left, go with the next archiving). Then everything archives."""
+    items = [await new_sale(engine, ledger) for _ in range(16)]
+    for item_id in items:
+        for n in range(1, 5):
+            await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
+            await pay(engine, item_id, item_id * 100 + n)
+    await until_ended(ledger, items[-1])
+    await land(redis, ledger)
+    whole = {item_id: await keys_of(redis, item_id) for item_id in items}
+    draw = random.Random(21)
+    archived_mid = 0
+    for _ in range(6):
+        live = [i for i in items if await ledger.archived_at(i) is None]
+        if not live:
+            break
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.archive_process", redis_server.url, sql_url,
+             *map(str, live)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+        await asyncio.sleep(draw.uniform(0.0, 0.15))
+        child.kill()
+        child.wait()
+        for item_id in items:
+            if await ledger.archived_at(item_id) is None:
+                await assert_live_and_whole(redis, engine, ledger, item_id, whole[item_id])
+            else:
+                archived_mid += bool(await keys_of(redis, item_id))
+                assert all(c.ok for c in await audit_records(engine, ledger, item_id))
+    for item_id in items:  # the killed processes' leases lapse (here: at once)
+        await redis.delete(upkeep_lock_key(f"archive:{item_id}"))
+        assert (await archivist(engine, ledger).archive(item_id)).removed
+        assert await keys_of(redis, item_id) == []
+        assert await ledger.stock(item_id) == Stock(total=10, available=6, held=0, sold=4)
+    print(f"items killed between their commit in SQL and their removal: {archived_mid}")
