@@ -90,10 +90,12 @@ class GroupReader:
         self._own_pending_first = True
 
     def forget_streams(self) -> None:
-        """A stream lost its group (Redis restarted empty, FLUSHALL, an older AOF): follow the
-        streams afresh."""
+        """A stream lost its group (Redis restarted empty, FLUSHALL, an older AOF, its item
+        archived): follow the streams afresh. On a cluster the other streams' reads in the same
+        pipeline went through, so their entries wait, pending with this consumer: read first."""
         self.streams.clear()
         self._next_discover = 0.0
+        self._own_pending_first = True
 
     async def upkeep(self) -> list[Entry]:
         """What is due: follow new streams (every ``DISCOVER_EVERY_S``), claim entries idle
@@ -285,14 +287,15 @@ async def one_pass(reader: GroupReader, work: Callable[[], Awaitable[int]]) -> i
     """One pass of a worker that reads through ``reader``: when Redis fails under it, the next
     read starts with the consumer's own pending entries; when a stream lost its group (Redis
     restarted empty, FLUSHALL, an older AOF; ``seckill recover`` puts the items back), the
-    streams are followed afresh."""
+    streams are followed afresh (an archived item's among them)."""
     try:
         return await work()
     except REDIS_UNAVAILABLE:
         reader.redis_failed()
         raise
     except ResponseError as exc:
-        if not str(exc).startswith("NOGROUP"):
+        # Alone, or inside a cluster pipeline's "Command # n (...) of pipeline caused error".
+        if "NOGROUP" not in str(exc):
             raise
         log.warning("%s: a stream lost its consumer group (%s); rediscovering", reader.group, exc)
         reader.forget_streams()
