@@ -8,7 +8,9 @@ redis-server and a fresh SQLite database in a temporary directory:
   (``RedisEngine.reserve``, then ``settle_payment`` succeeded: paid holds and a stream of
   events); each sale ends ``--sale-seconds`` after its item was created, and the run waits until
   every one has ended. Then one live item goes on sale, with as many unpaid holds. A
-  ``Persister`` lands every stream in SQL before anything is measured: the past is settled.
+  ``Persister`` lands every stream in SQL: the past is settled; then each past item is archived
+  (``Archivist.archive``, its grace waived), unless ``--keep-past`` (as before archiving
+  existed).
 * ``reaper_ms``: one ``Reaper.run_once()`` pass (nothing is due), the median of ``--passes``.
 * ``persister_cpu_pct``: a ``Persister`` run as the workers run it (``run_until_stopped``) in
   this process for ``--persister-seconds`` with nothing to land: this process's CPU seconds
@@ -64,6 +66,7 @@ from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
+from seckill.services.archive import Archivist
 from seckill.services.items import warm_item
 from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
@@ -87,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sale-seconds", type=float, default=2.0,
         help="a past item's sale ends this long after it was created",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep-past", action="store_true",
+        help="leave the past items in Redis instead of archiving them",
     )  # fmt: skip
     parser.add_argument("--passes", type=int, default=20, help="reaper passes timed")
     parser.add_argument(
@@ -208,12 +215,14 @@ async def set_up(stores: Stores, args: argparse.Namespace, past: int) -> dict[st
     started = time.perf_counter()
     order_ids = OrderIds(worker_id=1)
     last_end = datetime.now(UTC)
+    past_ids = []
     for i in range(past):
         last_end = datetime.now(UTC) + timedelta(seconds=args.sale_seconds)
         item_id = await put_on_sale(
             stores, ends_at=last_end, total=args.orders_per_item + 2, name=f"past {i}"
         )
         await sell(stores, order_ids, item_id, args.orders_per_item, pay=True)
+        past_ids.append(item_id)
     wait_s = (last_end - datetime.now(UTC)).total_seconds()
     if wait_s > 0:  # every past sale over before anything is measured
         await asyncio.sleep(wait_s + 0.1)
@@ -222,11 +231,21 @@ async def set_up(stores: Stores, args: argparse.Namespace, past: int) -> dict[st
     )
     await sell(stores, order_ids, live, args.orders_per_item, pay=False)
     landed = await land_everything(stores)
+    archiving_s = 0.0
+    if not args.keep_past:
+        archiving = time.perf_counter()
+        archivist = Archivist(engine=stores.engine, ledger=stores.ledger, grace=timedelta(0))
+        for item_id in past_ids:
+            done = await archivist.archive(item_id)
+            if not done.removed:
+                sys.exit(f"past item {item_id} was not archived: {done.hindrances}")
+        archiving_s = time.perf_counter() - archiving
     registry = await stores.engine.item_count()
     memory = await stores.redis.info("memory")
     return {
         "setup_s": round(time.perf_counter() - started, 1),
         "landed": landed,
+        "archiving_s": round(archiving_s, 1),
         "registry": registry,
         "redis_mb": round(int(memory["used_memory"]) / 2**20, 2),
     }
@@ -354,9 +373,10 @@ def measure_idle_serve(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    fate = "kept" if args.keep_past else "archived"
     print(
-        f"past items {', '.join(map(str, args.past))}; {args.orders_per_item} paid orders each; "
-        f"one live item; {os.cpu_count()} CPUs",
+        f"past items {', '.join(map(str, args.past))} ({fate}); "
+        f"{args.orders_per_item} paid orders each; one live item; {os.cpu_count()} CPUs",
         flush=True,
     )
     rows: dict[int, dict[str, Any]] = {}
@@ -365,8 +385,9 @@ def main(argv: list[str] | None = None) -> None:
         row = measure_row(args, past)
         row["load_before"] = round(load, 2)
         rows[past] = row
+        kept = "kept in Redis" if args.keep_past else f"archived in {row['archiving_s']} s"
         print(
-            f"  {past} past: setup {row['setup_s']} s, {row['landed']} entries landed, "
+            f"  {past} past: setup {row['setup_s']} s, {row['landed']} entries landed, {kept}, "
             f"{row['registry']} items in the registry, load average {load:.1f} before",
             flush=True,
         )
@@ -411,6 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "x_first": {str(past): r for past, r in ratios.items()},
         "idle_serve": idle,
+        "past_archived": not args.keep_past,
         "orders_per_item": args.orders_per_item,
         "passes": args.passes,
         "persister_seconds": args.persister_seconds,

@@ -376,3 +376,27 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
         assert await keys_of(redis, item_id) == []
         assert await ledger.stock(item_id) == Stock(total=10, available=6, held=0, sold=4)
     print(f"items killed between their commit in SQL and their removal: {archived_mid}")
+
+
+async def test_a_running_persister_lets_an_archived_stream_go(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    """A persister that followed the item's stream before it was archived goes on landing the
+    other items' entries, and never brings the archived stream back."""
+    persister = Persister(
+        redis=redis, ledger=ledger, consumer="long-lived", config=PersisterConfig(block_ms=10)
+    )
+    item_id = await settled_sale(redis, engine, ledger)
+    other = await new_sale(engine, ledger)
+    for _ in range(3):
+        await persister.run_once()
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+
+    await buy(engine, other, "after", order_id=other * 100 + 1)
+    for _ in range(3):
+        await persister.run_once()
+        await asyncio.sleep(0.6)  # past the reader's rediscovery
+    await persister.run_once()
+
+    assert (await ledger.orders(other)).keys() == {other * 100 + 1}
+    assert await keys_of(redis, item_id) == []
