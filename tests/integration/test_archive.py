@@ -36,13 +36,19 @@ SALE_S = 1.5  # each test's sale ends this long after it was created
 
 
 async def new_sale(
-    engine: RedisEngine, ledger: Ledger, *, total: int = 10, hold_seconds: int = 60, shards: int = 1
+    engine: RedisEngine,
+    ledger: Ledger,
+    *,
+    total: int = 10,
+    hold_seconds: int = 60,
+    shards: int = 1,
+    lasts_s: float = SALE_S,
 ) -> int:
     now = datetime.now(UTC)
     item_id = await ledger.create_item(
         NewItem(
             name="Archived item", price_cents=500, total=total,
-            starts_at=now - timedelta(minutes=1), ends_at=now + timedelta(seconds=SALE_S),
+            starts_at=now - timedelta(minutes=1), ends_at=now + timedelta(seconds=lasts_s),
             per_buyer_limit=1, hold_seconds=hold_seconds, stock_shards=shards,
         )
     )  # fmt: skip
@@ -384,13 +390,16 @@ async def test_a_running_persister_lets_an_archived_stream_go(
     """A persister that followed the item's stream before it was archived goes on landing the
     other items' entries, and never brings the archived stream back."""
     persister = Persister(
-        redis=redis, ledger=ledger, consumer="long-lived", config=PersisterConfig(block_ms=10)
+        redis=redis, ledger=ledger, consumer="long-lived", config=PersisterConfig(block_ms=1000)
     )
     item_id = await settled_sale(redis, engine, ledger)
-    other = await new_sale(engine, ledger)
+    other = await new_sale(engine, ledger, lasts_s=60)
     for _ in range(3):
         await persister.run_once()
+    blocked = asyncio.create_task(persister.run_once())  # waiting for new entries
+    await asyncio.sleep(0.2)
     assert (await archivist(engine, ledger).archive(item_id)).removed
+    assert await blocked == 0  # told, and it lets the stream go
 
     await buy(engine, other, "after", order_id=other * 100 + 1)
     for _ in range(3):

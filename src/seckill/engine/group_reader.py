@@ -11,11 +11,18 @@ stream, all in one pipeline (one round trip per node), without BLOCK; a read tha
 waits ``poll_ms``. The batch is shared out: streams that filled their share last time split it,
 the others are read one entry deep, which is enough to notice they have woken.
 
-Entries pending with a consumer that went quiet for ``claim_idle_ms`` (it crashed) are claimed.
-After Redis failed (a lost connection, a failover; on a cluster, a stream now served by another
-node), acknowledgements sent just before may not have reached the server that now answers, so
-the next read starts with this consumer's own pending entries instead of leaving them until
-they go idle. Trimming drops only what every group of a stream has acknowledged.
+Entries pending with a consumer that went quiet for ``claim_idle_ms`` (it crashed) are claimed,
+one XAUTOCLAIM per stream, all in one pipeline. After Redis failed (a lost connection, a
+failover; on a cluster, a stream now served by another node), acknowledgements sent just before
+may not have reached the server that now answers, so the next read starts with this consumer's
+own pending entries instead of leaving them until they go idle.
+
+Trimming drops only what every group of a stream has acknowledged. A stream's trim point moves
+when a group acknowledges, so each reader trims the streams it acknowledged entries of since its
+last trim (the group that acknowledges last is the one whose trim frees them); at start and every
+``sweep_every_s`` it trims every stream, and forgets its group's quiet consumers, in case another
+reader's trim was lost (it stopped first) or a group went away. Each trim reads and writes in
+pipelines, a few round trips in all however many streams it touches.
 """
 
 from __future__ import annotations
@@ -58,7 +65,8 @@ class ReadConfig:
     # an entry reaches its sink at most this much later once the streams have gone quiet.
     poll_ms: int = 50
     claim_idle_ms: int = 30_000  # an entry pending this long belongs to a dead consumer
-    trim_every_s: float = 5.0
+    trim_every_s: float = 5.0  # the streams acknowledged in since the last trim
+    sweep_every_s: float = 600.0  # every stream (and at start): see the module's docstring
     # A consumer with nothing pending and idle this long is forgotten (every process start adds
     # one); it loses nothing, and a live one is recreated by its next read.
     forget_consumer_idle_ms: int = 3_600_000
@@ -82,6 +90,8 @@ class GroupReader:
         self._next_discover = 0.0
         self._next_claim = 0.0
         self._next_trim = 0.0
+        self._next_sweep = 0.0
+        self._acknowledged: set[str] = set()  # streams acknowledged in since the last trim
         self._own_pending_first = False
 
     def redis_failed(self) -> None:
@@ -212,17 +222,24 @@ class GroupReader:
         ]
 
     async def claim_idle(self) -> list[Entry]:
+        """Entries pending with a consumer quiet for ``claim_idle_ms``, now this one's: one
+        XAUTOCLAIM per stream (up to a batch each), all in one pipeline."""
+        streams = list(self.streams)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream in streams:
+                pipe.xautoclaim(
+                    stream,
+                    self.group,
+                    self.consumer,
+                    min_idle_time=self.config.claim_idle_ms,
+                    start_id="0-0",
+                    count=self.config.batch_size,
+                )
+            replies = await pipe.execute()
         claimed: list[Entry] = []
-        for stream, keys in self.streams.items():
-            reply = await self._redis.xautoclaim(
-                stream,
-                self.group,
-                self.consumer,
-                min_idle_time=self.config.claim_idle_ms,
-                start_id="0-0",
-                count=self.config.batch_size,
-            )
+        for stream, reply in zip(streams, replies, strict=True):
             await self._ack_deleted(stream, reply[1])
+            keys = self.streams[stream]
             claimed += [Entry(keys, entry_id, fields) for entry_id, fields in reply[1] if fields]
         return claimed
 
@@ -233,6 +250,7 @@ class GroupReader:
         gone = [entry_id for entry_id, fields in entries if fields is None]
         if gone:
             await self._redis.xack(stream, self.group, *gone)
+            self._acknowledged.add(stream)
 
     async def ack(self, entries: Sequence[Entry]) -> None:
         """Done with these: their sink has them."""
@@ -241,6 +259,7 @@ class GroupReader:
             by_stream[entry.keys.events].append(entry.entry_id)
         for stream, ids in by_stream.items():
             await self._redis.xack(stream, self.group, *ids)
+            self._acknowledged.add(stream)
 
     async def deliveries(self, entry: Entry) -> int:
         """How many times the entry was delivered to this group."""
@@ -261,26 +280,51 @@ class GroupReader:
     # -- bounded memory ------------------------------------------------------------------------
 
     async def trim_if_due(self) -> None:
+        """Every ``trim_every_s``, trim the streams acknowledged in since the last trim; at
+        start and every ``sweep_every_s``, every stream (see ``trim``)."""
         now = time.monotonic()
-        if now >= self._next_trim:
+        if now >= self._next_sweep:
+            self._next_sweep = now + self.config.sweep_every_s
             self._next_trim = now + self.config.trim_every_s
             await self.trim()
+        elif now >= self._next_trim:
+            self._next_trim = now + self.config.trim_every_s
+            acknowledged = self._acknowledged & self.streams.keys()
+            self._acknowledged = set()
+            await trim_streams(self._redis, sorted(acknowledged))
 
     async def trim(self) -> None:
-        """Drop stream entries that every consumer group has acknowledged, and this group's
-        consumers gone quiet with nothing pending."""
-        for stream in self.streams:
-            safe = await acknowledged_below(self._redis, stream)
-            if safe is not None:
-                await self._redis.xtrim(stream, minid=safe)
-            consumers: list[dict[str, Any]] = await self._redis.xinfo_consumers(stream, self.group)
-            for consumer in consumers:
-                if (
-                    consumer["pending"] == 0
-                    and consumer["idle"] >= self.config.forget_consumer_idle_ms
-                    and consumer["name"] != self.consumer
-                ):
-                    await self._redis.xgroup_delconsumer(stream, self.group, consumer["name"])
+        """Drop the entries of every stream that every consumer group has acknowledged, and
+        this group's consumers gone quiet with nothing pending."""
+        streams = list(self.streams)
+        self._acknowledged = set()
+        await trim_streams(self._redis, streams)
+        await self._forget_quiet_consumers(streams)
+
+    async def _forget_quiet_consumers(self, streams: Sequence[str]) -> None:
+        """This group's consumers idle ``forget_consumer_idle_ms`` with nothing pending: every
+        process start adds one, which loses nothing, and a live one is recreated by its next
+        read. Two pipelines."""
+        if not streams:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for stream in streams:
+                pipe.xinfo_consumers(stream, self.group)
+            replies = await pipe.execute(raise_on_error=False)
+        quiet = [
+            (stream, consumer["name"])
+            for stream, consumers in zip(streams, replies, strict=True)
+            if not isinstance(consumers, Exception)  # no stream or group (yet): no consumer
+            for consumer in cast(list[dict[str, Any]], consumers)
+            if consumer["pending"] == 0
+            and consumer["idle"] >= self.config.forget_consumer_idle_ms
+            and consumer["name"] != self.consumer
+        ]
+        if quiet:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for stream, name in quiet:
+                    pipe.xgroup_delconsumer(stream, self.group, name)
+                await pipe.execute()
 
 
 async def one_pass(reader: GroupReader, work: Callable[[], Awaitable[int]]) -> int:
@@ -294,8 +338,9 @@ async def one_pass(reader: GroupReader, work: Callable[[], Awaitable[int]]) -> i
         reader.redis_failed()
         raise
     except ResponseError as exc:
-        # Alone, or inside a cluster pipeline's "Command # n (...) of pipeline caused error".
-        if "NOGROUP" not in str(exc):
+        # NOGROUP alone, or inside a cluster pipeline's "Command # n (...) of pipeline caused
+        # error"; UNBLOCKED: a read blocked on a stream that was deleted (Redis 7).
+        if "NOGROUP" not in str(exc) and not str(exc).startswith("UNBLOCKED"):
             raise
         log.warning("%s: a stream lost its consumer group (%s); rediscovering", reader.group, exc)
         reader.forget_streams()
@@ -305,16 +350,65 @@ async def one_pass(reader: GroupReader, work: Callable[[], Awaitable[int]]) -> i
 async def acknowledged_below(redis: RedisClient, stream: str) -> str | None:
     """The lowest entry id some group of the stream still needs (pending, or not delivered
     yet); everything below it is done with. None: the stream has no group."""
-    groups: list[dict[str, Any]] = await redis.xinfo_groups(stream)
-    if not groups:
-        return None
-    needed: list[str] = []
-    for group in groups:
-        # Another consumer may acknowledge in between: no pending entry left is fine.
-        summary = await redis.xpending(stream, group["name"]) if group["pending"] else {}
-        if summary.get("min"):
-            needed.append(summary["min"])
-        else:
-            ms, seq = stream_position(group["last-delivered-id"])
-            needed.append(f"{ms}-{seq + 1}")
-    return min(needed, key=stream_position)
+    [below] = await acknowledged_below_each(redis, [stream])
+    return below
+
+
+async def acknowledged_below_each(redis: RedisClient, streams: Sequence[str]) -> list[str | None]:
+    """``acknowledged_below`` of each stream, in order: two pipelines (XINFO GROUPS of each,
+    then XPENDING of each group with entries pending). None: no such stream, or no group."""
+    if not streams:
+        return []
+    async with redis.pipeline(transaction=False) as pipe:
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        replies = await pipe.execute(raise_on_error=False)
+    groups_of: list[list[dict[str, Any]]] = []
+    for reply in replies:
+        if isinstance(reply, ResponseError):  # no such stream: nothing to trim
+            reply = []
+        elif isinstance(reply, Exception):
+            raise reply
+        groups_of.append(cast(list[dict[str, Any]], reply))
+    pending = [
+        (stream, group["name"])
+        for stream, groups in zip(streams, groups_of, strict=True)
+        for group in groups
+        if group["pending"]
+    ]
+    summaries: dict[tuple[str, str], dict[str, Any]] = {}
+    if pending:
+        async with redis.pipeline(transaction=False) as pipe:
+            for stream, name in pending:
+                pipe.xpending(stream, name)
+            summaries = dict(zip(pending, await pipe.execute(), strict=True))
+    below: list[str | None] = []
+    for stream, groups in zip(streams, groups_of, strict=True):
+        needed: list[str] = []
+        for group in groups:
+            # Another consumer may acknowledge in between: no pending entry left is fine.
+            summary = summaries.get((stream, group["name"])) or {}
+            if summary.get("min"):
+                needed.append(summary["min"])
+            else:
+                ms, seq = stream_position(group["last-delivered-id"])
+                needed.append(f"{ms}-{seq + 1}")
+        below.append(min(needed, key=stream_position) if needed else None)
+    return below
+
+
+async def trim_streams(redis: RedisClient, streams: Sequence[str]) -> None:
+    """Drop the entries of each stream that every group of it has acknowledged (one XTRIM
+    each, in one pipeline, after ``acknowledged_below_each``)."""
+    trims = [
+        (stream, below)
+        for stream, below in zip(
+            streams, await acknowledged_below_each(redis, streams), strict=True
+        )
+        if below is not None
+    ]
+    if trims:
+        async with redis.pipeline(transaction=False) as pipe:
+            for stream, below in trims:
+                pipe.xtrim(stream, minid=below)
+            await pipe.execute()
