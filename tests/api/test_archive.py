@@ -10,15 +10,9 @@ import pytest
 
 from seckill.engine.keys import items_registry
 from tests.api.conftest import Api
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7")
-
-
-async def until(check: object, *, timeout: float = 15.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.05)
 
 
 async def test_an_item_archived_through_the_api_is_answered_from_sql(served: Api) -> None:
@@ -37,7 +31,8 @@ async def test_an_item_archived_through_the_api_is_answered_from_sql(served: Api
     assert "held: 1 units held" in refused.json()["message"]
     listed = await served.http.get("/api/v1/admin/items", headers=served.as_admin)
     [row] = [r for r in listed.json() if r["item_id"] == item_id]
-    assert (row["stage"], [u["reason"] for u in row["unsettled"]]) == ("ended", ["in_grace", "held"])
+    reasons = [u["reason"] for u in row["unsettled"]]
+    assert (row["stage"], reasons) == ("ended", ["in_grace", "held"])
 
     assert (await served.pay(item_id, held, "pay-bob-1", succeeded=False)).status_code == 200
 
@@ -47,7 +42,7 @@ async def test_an_item_archived_through_the_api_is_answered_from_sql(served: Api
         )
         return done.status_code == 200 and done.json()["removed"]
 
-    await until(archived)  # once the persister has landed the release
+    await wait_until(archived, 15, "archived once the release landed")
     redis = served.runtime.redis
     assert str(item_id) not in await redis.smembers(items_registry())  # type: ignore[misc]
     listed = await served.http.get("/api/v1/admin/items", headers=served.as_admin)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 
@@ -360,16 +359,15 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
         live = [i for i in items if await ledger.archived_at(i) is None]
         if not live:
             break
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.archive_process", redis_server.url, sql_url,
-             *map(str, live)],
-            stdout=subprocess.PIPE, text=True,
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.archive_process", redis_server.url, sql_url,
+            *map(str, live), stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
+        assert await child.stdout.readline() == b"ready\n"
         await asyncio.sleep(draw.uniform(0.0, 0.15))
         child.kill()
-        child.wait()
+        await child.wait()
         for item_id in items:
             if await ledger.archived_at(item_id) is None:
                 await assert_live_and_whole(redis, engine, ledger, item_id, whole[item_id])
