@@ -96,3 +96,38 @@ async def test_the_dashboard_shows_every_other_groups_backlog(
     await bridge.ack((await read_all(bridge))[:4])
     (item,) = (await take_snapshot(engine, ledger, [1])).items
     assert item.sinks == {"bridge-nats": 11 - 4}
+
+
+async def test_the_group_that_acknowledges_last_trims_what_all_have_done_with(
+    engine: RedisEngine,
+) -> None:
+    """Between sweeps a reader trims only the streams it acknowledged in since its last trim:
+    whichever group acknowledges last frees the entries; one that acknowledged nothing since
+    touches nothing."""
+    orders = 300
+    quick = ReadConfig(batch_size=1000, block_ms=10, poll_ms=10, trim_every_s=0)
+    await engine.load_item(open_item(1, total=1000))
+    persister, bridge = (
+        GroupReader(
+            redis=engine.redis, group=group, consumer=f"{group}-1", prefix=engine.prefix,
+            config=quick,
+        )
+        for group in (GROUP, "bridge-test")
+    )  # fmt: skip
+    for group in (persister, bridge):
+        await group.upkeep()
+        await group.trim_if_due()  # the sweep at start
+    await sell(engine, orders)
+    stream = engine.keys(1).events
+
+    async def length() -> int:
+        return int(await engine.redis.xlen(stream))
+
+    await bridge.ack(await read_all(bridge))
+    await bridge.trim_if_due()
+    assert await length() == orders + 1  # the persister has read none of it
+    await persister.ack(await read_all(persister))
+    await bridge.trim_if_due()
+    assert await length() == orders + 1  # the bridge acknowledged nothing since its trim
+    await persister.trim_if_due()
+    assert await length() < orders + 1  # the last to acknowledge trims

@@ -186,7 +186,7 @@ class Persister:
             "dead_error": error[:1000],
         }
         await self._redis.xadd(entry.keys.dead_letters, dead)
-        await self._redis.xack(entry.keys.events, GROUP, entry.entry_id)
+        await self._reader.ack([entry])
         self.dead_lettered += 1
         metrics.DEAD_LETTERS.inc()
         log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
