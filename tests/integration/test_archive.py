@@ -27,6 +27,7 @@ from seckill.services.archive import Archivist
 from seckill.services.items import item_counters, warm_item
 from seckill.services.orders import OrderBook
 from seckill.store.ledger import Ledger
+from seckill.workers.archiver import Archiver
 from seckill.workers.persister import Persister, PersisterConfig
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
@@ -407,3 +408,36 @@ async def test_a_running_persister_lets_an_archived_stream_go(
 
     assert (await ledger.orders(other)).keys() == {other * 100 + 1}
     assert await keys_of(redis, item_id) == []
+
+
+async def test_the_archiver_archives_what_is_settled_and_finishes_what_a_crash_left(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    settled = await settled_sale(redis, engine, ledger)
+    half = await settled_sale(redis, engine, ledger)
+    await ledger.mark_archived(half, [])  # a process died right after the commit in SQL
+    held = await new_sale(engine, ledger, hold_seconds=600)
+    await buy(engine, held, "slow-payer", order_id=held * 100 + 1)
+    on_sale = await new_sale(engine, ledger, lasts_s=600)
+    await until_ended(ledger, held)
+    await land(redis, ledger)
+    archiver = Archiver(
+        engine=engine, ledger=ledger, archivist=archivist(engine, ledger), grace=timedelta(0)
+    )
+
+    await archiver.run_once()
+
+    assert archiver.archived == 2
+    assert await keys_of(redis, settled) == await keys_of(redis, half) == []
+    assert sorted(await engine.item_ids()) == sorted([held, on_sale])
+    assert await ledger.archived_at(held) is None
+    # A grace not over yet: nothing is archived.
+    patient = Archiver(
+        engine=engine, ledger=ledger, archivist=archivist(engine, ledger), grace=timedelta(hours=1)
+    )
+    await pay(engine, held, held * 100 + 1)
+    await land(redis, ledger)
+    await patient.run_once()
+    assert patient.archived == 0
+    await archiver.run_once()
+    assert archiver.archived == 3 and await engine.item_ids() == [on_sale]
