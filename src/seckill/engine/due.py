@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from seckill.engine.cluster import RedisClient
 from seckill.engine.keys import ItemKeys
@@ -35,11 +36,18 @@ class Look:
     earliest_transit: int | None  # None: none in transit, or not asked
 
 
+UNMAPPED = "?"  # a cluster slot the client's map gives no node (mid-failover)
+
+
 def node_name(redis: RedisClient, key: str) -> str:
-    """The node serving ``key`` as the client's slot map says ("" on one Redis)."""
+    """The node serving ``key`` as the client's slot map says ("" on one Redis; ``UNMAPPED``
+    when the map has none: then every call for the key fails as a node that did not answer)."""
     if isinstance(redis, RedisCluster):
-        node = redis.get_node_from_key(key)
-        return node.name if node else ""
+        try:
+            node = redis.get_node_from_key(key)
+        except RedisClusterException:
+            return UNMAPPED
+        return node.name if node else UNMAPPED
     return ""
 
 
