@@ -268,3 +268,36 @@ async def test_a_sharded_item_is_reconciled_shard_by_shard(
 
     with pytest.raises(NotRecoverable, match="4 stock shards"):
         await recover_item(engine, ledger, item_id)
+
+
+async def test_items_compared_together_are_each_compared_as_alone(sale: Sale) -> None:
+    """A pass compares items in batches (snapshots in one transaction, books in one SQL
+    snapshot): each item's findings are its own, as when it is compared alone."""
+    others = [await sale.ledger.create_item(new_item(total=10, limit=2)) for _ in range(4)]
+    for item_id in others:
+        await warm_item(sale.engine, sale.ledger, item_id)
+        other = Sale(sale.engine, sale.ledger, sale.redis, item_id, sale.ids)
+        assert await other.buy("b1") and await other.buy("b2")
+        await drain(other)
+    await sale.buy("b1")
+    await drain(sale)
+    bumped, edited = others[1], others[3]
+    await sale.redis.hincrby(sale.engine.keys(bumped).item, "available", 5)
+    async with sale.ledger.engine.begin() as conn:
+        await conn.execute(
+            update(Inventory)
+            .where(Inventory.item_id == edited)
+            .values(held=Inventory.held + 3, available=Inventory.available - 3)
+        )
+    item_ids = [sale.item_id, *others]
+
+    together = await reconciler(sale).reconcile_many(item_ids)
+
+    kinds = {r.item_id: {f.kind for f in r.found} for r in together}
+    assert kinds == {
+        sale.item_id: set(), others[0]: set(), bumped: {Drift.REDIS_COUNTERS}, others[2]: set(),
+        edited: {Drift.SQL_COUNTERS},
+    }  # fmt: skip
+    alone = [await reconciler(sale).reconcile(item_id) for item_id in item_ids]
+    assert [r.found for r in together] == [r.found for r in alone]
+    assert [r.redis_stock for r in together] == [r.redis_stock for r in alone]

@@ -210,7 +210,7 @@ def reconcile(
         grace_ms = int(runtime.settings.reconcile_grace_seconds * 1000)
         reconciler = Reconciler(runtime.engine, runtime.ledger, grace_ms=grace_ms)
         chosen = items or await reconciler.item_ids()
-        return [await reconciler.reconcile(item_id, repair=repair) for item_id in chosen]
+        return await reconciler.reconcile_many(chosen, repair=repair)
 
     reports = with_runtime(work)
     if as_json:

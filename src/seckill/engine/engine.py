@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from seckill.domain import rules
@@ -733,47 +734,62 @@ class RedisEngine:
     async def snapshot(self, item_id: int, shard: int = 0) -> ItemSnapshot:
         """One shard's whole state (shard 0: an unsharded item's) in one MULTI/EXEC. With
         shards, ``item`` is the item's settings and ``stock`` the shard's own counters."""
-        shards = await self._shard_counts.of(item_id)
-        keys = self.keys(item_id, shard)
+        [snapshot] = await self.snapshots([(item_id, shard)])
+        return snapshot
+
+    async def snapshots(self, shards: Sequence[tuple[int, int]]) -> list[ItemSnapshot]:
+        """Snapshots of many (item, shard), in order, each as ``snapshot`` reads it. On one
+        Redis, all in one MULTI/EXEC (one round trip, one instant); on a cluster, one MULTI per
+        shard (a transaction stays in one slot), all at once."""
+        if not shards:
+            return []
+        if isinstance(self._redis, RedisCluster):
+            parts = await asyncio.gather(*(self._snapshots([pair]) for pair in shards))
+            return [snapshot for [snapshot] in parts]
+        return await self._snapshots(shards)
+
+    async def _snapshots(self, shards: Sequence[tuple[int, int]]) -> list[ItemSnapshot]:
+        counts = [await self._shard_counts.of(item_id) for item_id, _ in shards]
+        every = [self.keys(item_id, shard) for item_id, shard in shards]
         # Read just before the transaction, on the item's own server (a cluster refuses TIME in
         # a transaction of one slot): a lower bound of the snapshot's instant, so a hold is
         # never judged overdue early.
-        now_ms = await time_ms(self._redis, keys.item)
+        now_ms = await time_ms(self._redis, every[0].item)
         async with self._redis.pipeline(transaction=True) as tx:
-            tx.hgetall(keys.item)
-            tx.hgetall(keys.holds)
-            tx.hgetall(keys.buyers)
-            tx.zrange(keys.deadlines, 0, -1, withscores=True)
-            tx.xrange(keys.events)
-            tx.xinfo_stream(keys.events)
-            tx.hgetall(keys.transfers)
-            item, holds, buyers, deadlines, events, stream, transfers = await tx.execute(
-                raise_on_error=False
+            for keys in every:
+                tx.hgetall(keys.item)
+                tx.hgetall(keys.holds)
+                tx.hgetall(keys.buyers)
+                tx.zrange(keys.deadlines, 0, -1, withscores=True)
+                tx.xrange(keys.events)
+                tx.xinfo_stream(keys.events)
+                tx.hgetall(keys.transfers)
+            replies = await tx.execute(raise_on_error=False)
+        return [
+            _snapshot(
+                keys, count, replies[at * _SNAPSHOT_READS : (at + 1) * _SNAPSHOT_READS], now_ms
             )
-        if isinstance(stream, ResponseError):  # no such key: the stream was never written
-            stream = {"last-generated-id": "0-0"}
-        for reply in (item, holds, buyers, deadlines, events, transfers):
-            if isinstance(reply, Exception):
+            for at, (keys, count) in enumerate(zip(every, counts, strict=True))
+        ]
+
+    async def last_event_ids(self, shards: Sequence[tuple[int, int]]) -> list[str]:
+        """The last id each (item, shard)'s stream generated ("0-0": no stream), in order, in
+        one pipeline."""
+        if not shards:
+            return []
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for item_id, shard in shards:
+                pipe.xinfo_stream(self.keys(item_id, shard).events)
+            replies = await pipe.execute(raise_on_error=False)
+        ids = []
+        for reply in replies:
+            if isinstance(reply, ResponseError):  # no such key
+                ids.append("0-0")
+            elif isinstance(reply, Exception):
                 raise reply
-        item = cast(dict[str, str], item)
-        complete = all(f in item for f in _ITEM_FIELDS)
-        settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
-        if complete and shards > 1:
-            settings["total"] = int(item["item_total"])
-        return ItemSnapshot(
-            item_id=item_id,
-            item=SaleItem(item_id=item_id, stock_shards=shards, **settings) if complete else None,
-            stock=Stock(*(int(item[f]) for f in STOCK_FIELDS)) if complete else None,
-            holds={int(k): _hold(int(k), v) for k, v in cast(dict[str, str], holds).items()},
-            buyers={b: int(n) for b, n in cast(dict[str, str], buyers).items()},
-            deadlines={int(o): int(score) for o, score in deadlines},
-            events=cast(list[tuple[str, dict[str, str]]], events),
-            last_event_id=str(stream["last-generated-id"]),
-            now_ms=now_ms,
-            shard=shard,
-            shards=shards,
-            transfers=_transfers(cast(dict[str, str], transfers)),
-        )
+            else:
+                ids.append(str(reply["last-generated-id"]))
+        return ids
 
     async def shard_remains(self, item_id: int, shard: int = 0) -> ShardRemains:
         """What archiving a shard must move to SQL first, read in one MULTI/EXEC."""
@@ -835,17 +851,46 @@ class RedisEngine:
 
     async def last_event_id(self, item_id: int, shard: int = 0) -> str:
         """The last id a shard's stream generated ("0-0": no stream)."""
-        try:
-            info = await self._redis.xinfo_stream(self.keys(item_id, shard).events)
-        except ResponseError:  # no such key
-            return "0-0"
-        return str(info["last-generated-id"])
+        [last] = await self.last_event_ids([(item_id, shard)])
+        return last
 
     async def _hmget(self, key: str, fields: tuple[str, ...]) -> list[int] | None:
         values = cast(list[str | None], await self._redis.hmget(key, list(fields)))
         if any(v is None for v in values):
             return None
         return [int(v) for v in values if v is not None]
+
+
+_SNAPSHOT_READS = 7  # the reads of one shard's snapshot, in _snapshots' order
+
+
+def _snapshot(keys: ItemKeys, shards: int, replies: list[Any], now_ms: int) -> ItemSnapshot:
+    item, holds, buyers, deadlines, events, stream, transfers = replies
+    if isinstance(stream, ResponseError):  # no such key: the stream was never written
+        stream = {"last-generated-id": "0-0"}
+    for reply in (item, holds, buyers, deadlines, events, transfers):
+        if isinstance(reply, Exception):
+            raise reply
+    item = cast(dict[str, str], item)
+    complete = all(f in item for f in _ITEM_FIELDS)
+    settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
+    if complete and shards > 1:
+        settings["total"] = int(item["item_total"])
+    item_id = keys.item_id
+    return ItemSnapshot(
+        item_id=item_id,
+        item=SaleItem(item_id=item_id, stock_shards=shards, **settings) if complete else None,
+        stock=Stock(*(int(item[f]) for f in STOCK_FIELDS)) if complete else None,
+        holds={int(k): _hold(int(k), v) for k, v in cast(dict[str, str], holds).items()},
+        buyers={b: int(n) for b, n in cast(dict[str, str], buyers).items()},
+        deadlines={int(o): int(score) for o, score in deadlines},
+        events=cast(list[tuple[str, dict[str, str]]], events),
+        last_event_id=str(stream["last-generated-id"]),
+        now_ms=now_ms,
+        shard=keys.shard,
+        shards=shards,
+        transfers=_transfers(cast(dict[str, str], transfers)),
+    )
 
 
 def _transfers(raw: dict[str, str]) -> Transfers:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from seckill.domain.events import stream_position
@@ -52,6 +52,8 @@ from seckill.store.records import ItemBook, RepairRecord
 log = logging.getLogger(__name__)
 
 _Journal = Callable[[Drift, str, str, str], Awaitable[None]]
+# Items compared together: their snapshots in one transaction, their books in one SQL snapshot.
+COMPARED_AT_ONCE = 100
 REPLAYED = frozenset({Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_BEHIND_IN_SQL})
 
 
@@ -96,6 +98,16 @@ class Comparison:
         return {order_id: h for s in self.snapshots for order_id, h in s.holds.items()}
 
 
+def _archived_findings(book: ItemBook, dead_letters: list[int]) -> list[Finding]:
+    held = sum(o.quantity for o in book.orders.values() if o.status is OrderStatus.HELD)
+    findings = sql_findings(book)
+    if held:
+        findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", str(held)))
+    for letters in dead_letters:
+        findings += dead_letter_findings(letters)
+    return findings
+
+
 class Reconciler:
     def __init__(self, engine: RedisEngine, ledger: Ledger, *, grace_ms: int) -> None:
         self._engine = engine
@@ -109,43 +121,74 @@ class Reconciler:
         return sorted(loaded | set(await self._ledger.unfinished_item_ids()))
 
     async def compare(self, item_id: int) -> Comparison:
-        """Compare one item now: the Redis snapshots first, then the SQL book (see ``drift``).
-        With stock shards, each shard is compared with the part of the book its stream wrote;
-        the SQL inventory, the item's, once against all of its orders."""
-        shards = await self._engine.shard_count(item_id)
-        snapshots = [await self._engine.snapshot(item_id, shard) for shard in range(shards)]
-        book = await self._ledger.book(item_id)
+        """Compare one item now (see ``compare_many``)."""
+        return (await self.compare_many([item_id]))[item_id]
+
+    async def compare_many(self, item_ids: Sequence[int]) -> dict[int, Comparison]:
+        """Compare items now: every Redis snapshot first, then the SQL books, then the streams'
+        positions (the order ``drift`` needs), each step one round trip or statement per kind
+        for all of them. With stock shards, each shard is compared with the part of the book
+        its stream wrote; the SQL inventory, the item's, once against all of its orders."""
+        counts = {item_id: await self._engine.shard_count(item_id) for item_id in item_ids}
+        shards = [(item_id, shard) for item_id in item_ids for shard in range(counts[item_id])]
+        snapshots = await self._engine.snapshots(shards)
+        books = await self._ledger.books(item_ids)
+        positions = await self._engine.last_event_ids(shards)
+        dead = await self._ledger.dead_letter_counts(
+            [self._engine.keys(item_id, shard).events for item_id, shard in shards]
+        )
+        by_item: dict[int, list[tuple[ItemSnapshot, str]]] = {item_id: [] for item_id in item_ids}
+        for snapshot, position in zip(snapshots, positions, strict=True):
+            by_item[snapshot.item_id].append((snapshot, position))
+        return {
+            item_id: self._compared(
+                item_id, counts[item_id], by_item[item_id], books[item_id], dead
+            )
+            for item_id in item_ids
+        }
+
+    def _compared(
+        self,
+        item_id: int,
+        shards: int,
+        read: list[tuple[ItemSnapshot, str]],
+        book: ItemBook,
+        dead: dict[str, int],
+    ) -> Comparison:
+        letters = [dead[self._engine.keys(item_id, shard).events] for shard in range(shards)]
         if book.archived:  # SQL is its whole record: checked against itself alone
-            return Comparison([], book, await self._archived_findings(item_id, book, shards))
+            return Comparison([], book, _archived_findings(book, letters))
         findings: list[Finding] = []
-        for snapshot in snapshots:
+        for snapshot, position in read:
             shard = snapshot.shard
             found = find_drift(
                 snapshot,
                 book if shards == 1 else book.for_shard(shard, shards),
-                redis_position_now=await self._engine.last_event_id(item_id, shard),
-                dead_letters=await self._ledger.dead_letter_count(
-                    self._engine.keys(item_id, shard).events
-                ),
+                redis_position_now=position,
+                dead_letters=letters[shard],
                 grace_ms=self._grace_ms,
             )
             findings += [dataclasses.replace(f, shard=shard) for f in found]
         if shards > 1:
             findings += sql_findings(book)
-        return Comparison(snapshots, book, findings)
+        return Comparison([snapshot for snapshot, _ in read], book, findings)
 
-    async def _archived_findings(self, item_id: int, book: ItemBook, shards: int) -> list[Finding]:
-        held = sum(o.quantity for o in book.orders.values() if o.status is OrderStatus.HELD)
-        findings = sql_findings(book)
-        if held:
-            findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", str(held)))
-        for shard in range(shards):
-            letters = await self._ledger.dead_letter_count(self._engine.keys(item_id, shard).events)
-            findings += dead_letter_findings(letters)
-        return findings
+    async def reconcile_many(
+        self, item_ids: Sequence[int], *, repair: bool = False
+    ) -> list[ItemReport]:
+        """``reconcile`` of many items, compared ``COMPARED_AT_ONCE`` at a time."""
+        reports = []
+        for at in range(0, len(item_ids), COMPARED_AT_ONCE):
+            batch = item_ids[at : at + COMPARED_AT_ONCE]
+            compared = await self.compare_many(batch)
+            for item_id in batch:
+                reports.append(await self._reconciled(item_id, compared[item_id], repair=repair))
+        return reports
 
     async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
-        compared = await self.compare(item_id)
+        return await self._reconciled(item_id, await self.compare(item_id), repair=repair)
+
+    async def _reconciled(self, item_id: int, compared: Comparison, *, repair: bool) -> ItemReport:
         found = compared.findings
         report = ItemReport(
             item_id=item_id,

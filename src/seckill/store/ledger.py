@@ -110,32 +110,48 @@ class Ledger:
 
     async def book(self, item_id: int) -> ItemBook:
         """The item, its inventory, orders and journal, all as of one moment."""
+        return (await self.books([item_id]))[item_id]
+
+    async def books(self, item_ids: Sequence[int]) -> dict[int, ItemBook]:
+        """``book`` of many items, all as of one moment: a statement per table for them all."""
         async with self.engine.connect() as conn:
             await _begin_snapshot(conn)
-            item = (await conn.execute(select(Item).where(Item.id == item_id))).first()
-            stock = await _stock(conn, item_id)
-            orders = await conn.execute(select(Order).where(Order.item_id == item_id))
+            items = await conn.execute(select(Item).where(Item.id.in_(item_ids)))
+            stocks = await conn.execute(
+                select(Inventory.item_id, *_STOCK).where(Inventory.item_id.in_(item_ids))
+            )
+            orders = await conn.execute(select(Order).where(Order.item_id.in_(item_ids)))
             journal = await conn.execute(
                 select(
+                    StockFlow.item_id,
                     StockFlow.event_id,
                     StockFlow.event,
                     StockFlow.order_id,
                     StockFlow.quantity,
                     StockFlow.shard,
-                ).where(StockFlow.item_id == item_id)
+                ).where(StockFlow.item_id.in_(item_ids))
             )
-            book = ItemBook(
-                item=None if item is None else _item_record(item),
-                stock=stock,
-                orders={row.id: _landed_order(row) for row in orders},
-                journal=[
+            records = {row.id: row for row in items}
+            stock_of = {row.item_id: Stock(*row[1:]) for row in stocks}
+            orders_of: dict[int, dict[int, LandedOrder]] = {i: {} for i in item_ids}
+            for row in orders:
+                orders_of[row.item_id][row.id] = _landed_order(row)
+            journal_of: dict[int, list[JournalRow]] = {i: [] for i in item_ids}
+            for r in journal:
+                journal_of[r.item_id].append(
                     JournalRow(r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard)
-                    for r in journal
-                ],
-                archived=item is not None and item.archived_at is not None,
-            )
+                )
             await conn.rollback()
-        return book
+        return {
+            item_id: ItemBook(
+                item=_item_record(records[item_id]) if item_id in records else None,
+                stock=stock_of.get(item_id),
+                orders=orders_of[item_id],
+                journal=journal_of[item_id],
+                archived=item_id in records and records[item_id].archived_at is not None,
+            )
+            for item_id in item_ids
+        }
 
     # -- archiving: an item whose Redis keys are gone, answered from here ------------------------
 
@@ -413,13 +429,18 @@ class Ledger:
 
     async def dead_letter_count(self, stream: str) -> int:
         """Dead letters of one stream not replayed yet."""
+        return (await self.dead_letter_counts([stream]))[stream]
+
+    async def dead_letter_counts(self, streams: Sequence[str]) -> dict[str, int]:
+        """``dead_letter_count`` of many streams (0 for one with none), in one statement."""
         async with self.engine.connect() as conn:
-            count = await conn.execute(
-                select(func.count())
-                .select_from(DeadLetter)
-                .where(DeadLetter.stream == stream, DeadLetter.replayed_at.is_(None))
+            rows = await conn.execute(
+                select(DeadLetter.stream, func.count())
+                .where(DeadLetter.stream.in_(streams), DeadLetter.replayed_at.is_(None))
+                .group_by(DeadLetter.stream)
             )
-            return int(count.scalar_one())
+            counted = {stream: int(count) for stream, count in rows}
+        return {stream: counted.get(stream, 0) for stream in streams}
 
     async def mark_replayed(self, dead_letter_id: int) -> None:
         async with self.engine.begin() as conn:

@@ -50,16 +50,15 @@ class ReconcilerWorker:
         waits one interval before the next pass."""
         if not await self._hold_upkeep_lock():
             return 0
-        reports = []
-        for item_id in await self._reconciler.item_ids():
-            report = await self._reconciler.reconcile(item_id, repair=self._repair)
+        item_ids = await self._reconciler.item_ids()
+        reports = await self._reconciler.reconcile_many(item_ids, repair=self._repair)
+        for report in reports:
             for finding in report.left:
                 log.warning(
                     "item %d: %s %s: Redis %s, SQL %s %s",
-                    item_id, finding.kind, finding.subject, finding.redis, finding.sql,
+                    report.item_id, finding.kind, finding.subject, finding.redis, finding.sql,
                     finding.detail,
                 )  # fmt: skip
-            reports.append(report)
         self.reports = reports
         self.passes += 1
         metrics.record_reconciler_pass(Drift, (f.kind for r in reports for f in r.found))
