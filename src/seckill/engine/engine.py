@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from seckill.domain import rules
@@ -738,38 +737,22 @@ class RedisEngine:
         return snapshot
 
     async def snapshots(self, shards: Sequence[tuple[int, int]]) -> list[ItemSnapshot]:
-        """Snapshots of many (item, shard), in order, each as ``snapshot`` reads it. On one
-        Redis, all in one MULTI/EXEC (one round trip, one instant); on a cluster, one MULTI per
-        shard (a transaction stays in one slot), all at once."""
-        if not shards:
-            return []
-        if isinstance(self._redis, RedisCluster):
-            parts = await asyncio.gather(*(self._snapshots([pair]) for pair in shards))
-            return [snapshot for [snapshot] in parts]
-        return await self._snapshots(shards)
-
-    async def _snapshots(self, shards: Sequence[tuple[int, int]]) -> list[ItemSnapshot]:
+        """Snapshots of many (item, shard), in order, each as ``snapshot`` reads it: one script
+        each (snapshot.lua, alone while it runs), sent together (through the pipeliner, one
+        round trip per node)."""
         counts = [await self._shard_counts.of(item_id) for item_id, _ in shards]
         every = [self.keys(item_id, shard) for item_id, shard in shards]
-        # Read just before the transaction, on the item's own server (a cluster refuses TIME in
-        # a transaction of one slot): a lower bound of the snapshot's instant, so a hold is
-        # never judged overdue early.
-        now_ms = await time_ms(self._redis, every[0].item)
-        async with self._redis.pipeline(transaction=True) as tx:
-            for keys in every:
-                tx.hgetall(keys.item)
-                tx.hgetall(keys.holds)
-                tx.hgetall(keys.buyers)
-                tx.zrange(keys.deadlines, 0, -1, withscores=True)
-                tx.xrange(keys.events)
-                tx.xinfo_stream(keys.events)
-                tx.hgetall(keys.transfers)
-            replies = await tx.execute(raise_on_error=False)
-        return [
-            _snapshot(
-                keys, count, replies[at * _SNAPSHOT_READS : (at + 1) * _SNAPSHOT_READS], now_ms
+        replies = await asyncio.gather(
+            *(
+                self._scripts.call(
+                    ScriptName.SNAPSHOT, (*keys.all_fixed(), keys.transfers), (keys.item_id,)
+                )
+                for keys in every
             )
-            for at, (keys, count) in enumerate(zip(every, counts, strict=True))
+        )
+        return [
+            _snapshot(keys, count, reply)
+            for keys, count, reply in zip(every, counts, replies, strict=True)
         ]
 
     async def last_event_ids(self, shards: Sequence[tuple[int, int]]) -> list[str]:
@@ -861,17 +844,10 @@ class RedisEngine:
         return [int(v) for v in values if v is not None]
 
 
-_SNAPSHOT_READS = 7  # the reads of one shard's snapshot, in _snapshots' order
-
-
-def _snapshot(keys: ItemKeys, shards: int, replies: list[Any], now_ms: int) -> ItemSnapshot:
-    item, holds, buyers, deadlines, events, stream, transfers = replies
-    if isinstance(stream, ResponseError):  # no such key: the stream was never written
-        stream = {"last-generated-id": "0-0"}
-    for reply in (item, holds, buyers, deadlines, events, transfers):
-        if isinstance(reply, Exception):
-            raise reply
-    item = cast(dict[str, str], item)
+def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
+    """An ItemSnapshot from snapshot.lua's reply."""
+    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers = reply
+    item = _pairs(item_flat)
     complete = all(f in item for f in _ITEM_FIELDS)
     settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
     if complete and shards > 1:
@@ -881,16 +857,21 @@ def _snapshot(keys: ItemKeys, shards: int, replies: list[Any], now_ms: int) -> I
         item_id=item_id,
         item=SaleItem(item_id=item_id, stock_shards=shards, **settings) if complete else None,
         stock=Stock(*(int(item[f]) for f in STOCK_FIELDS)) if complete else None,
-        holds={int(k): _hold(int(k), v) for k, v in cast(dict[str, str], holds).items()},
-        buyers={b: int(n) for b, n in cast(dict[str, str], buyers).items()},
-        deadlines={int(o): int(score) for o, score in deadlines},
-        events=cast(list[tuple[str, dict[str, str]]], events),
-        last_event_id=str(stream["last-generated-id"]),
-        now_ms=now_ms,
+        holds={int(k): _hold(int(k), v) for k, v in _pairs(holds).items()},
+        buyers={b: int(n) for b, n in _pairs(buyers).items()},
+        deadlines={int(o): int(score) for o, score in _pairs(deadlines).items()},
+        events=[(entry_id, _pairs(fields)) for entry_id, fields in events],
+        last_event_id=str(last_id),
+        now_ms=int(now_ms),
         shard=keys.shard,
         shards=shards,
-        transfers=_transfers(cast(dict[str, str], transfers)),
+        transfers=_transfers(_pairs(transfers)),
     )
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    """A flat (field, value, ...) reply as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _transfers(raw: dict[str, str]) -> Transfers:

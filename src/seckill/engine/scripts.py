@@ -54,6 +54,7 @@ class ScriptName(StrEnum):
     QUEUE_PLACE = "queue_place"
     QUEUE_ADVANCE = "queue_advance"
     ARCHIVE = "archive"
+    SNAPSHOT = "snapshot"
 
 
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
@@ -61,7 +62,7 @@ ITEM_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
      ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
      ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT, ScriptName.TRANSFER_IN,
-     ScriptName.ARCHIVE}
+     ScriptName.ARCHIVE, ScriptName.SNAPSHOT}
 )  # fmt: skip
 
 # Item scripts that move or count holds also take _holds.lua. The others go without: a script
