@@ -13,7 +13,8 @@ redis-server and a fresh SQLite database in a temporary directory:
   existed).
 * ``reaper_ms``: one ``Reaper.run_once()`` pass (nothing is due), the median of ``--passes``;
   ``reaper_cpu_us``: this process's CPU per pass, the mean (a sub-millisecond wall time is
-  mostly waiting on the loop and the network, so the CPU is the steadier figure). Measured, as
+  mostly waiting on the loop and the network); ``reaper_commands``: the Redis commands a pass
+  sends (INFO commandstats), the work itself, which noise does not move. Measured, as
   the persister below, on fresh connections in an event loop of its own, as a worker runs.
 * ``persister_cpu_pct``: a ``Persister`` run as the workers run it (``run_until_stopped``) in
   this process for ``--persister-seconds`` with nothing to land: this process's CPU seconds
@@ -22,8 +23,9 @@ redis-server and a fresh SQLite database in a temporary directory:
   median of ``--scrapes`` (after one unmeasured).
 * ``redis_mb``: ``used_memory`` of ``INFO memory`` after setup, in MiB.
 
-Each figure is also given over the first row's (``x first``): a shop whose idle cost follows
-its activity, not its history, reads about 1.0 down each column.
+Each row runs in a process of its own. Each figure is also given over the first row's (``x
+first``): a shop whose idle cost follows its activity, not its history, reads about 1.0 down
+each column.
 
 Separately, once (``--idle-items``, default 1,000; 0 skips it): that many items on sale at once,
 no traffic, and ``seckill serve`` (the API and every worker in one process) on its own
@@ -41,6 +43,7 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,7 +84,9 @@ IDEMPOTENCY_TTL_MS = 3_600_000
 HOLD_SECONDS = 3600  # no hold falls due during a run: the reaper's passes find nothing to do
 PRICE_CENTS = 100
 DRAIN_TIMEOUT_S = 300
-COLUMNS = ("reaper_ms", "reaper_cpu_us", "persister_cpu_pct", "scrape_ms", "redis_mb")
+COLUMNS = (
+    "reaper_ms", "reaper_cpu_us", "reaper_commands", "persister_cpu_pct", "scrape_ms", "redis_mb"
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +103,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--keep-past", action="store_true",
         help="leave the past items in Redis instead of archiving them",
     )  # fmt: skip
-    parser.add_argument("--passes", type=int, default=20, help="reaper passes timed")
+    parser.add_argument("--passes", type=int, default=2000, help="reaper passes timed")
+    parser.add_argument("--one-row", type=int, help=argparse.SUPPRESS)  # a row's own process
     parser.add_argument(
         "--persister-seconds", type=float, default=5.0, help="idle persister measured this long"
     )
@@ -254,11 +260,13 @@ async def set_up(stores: Stores, args: argparse.Namespace, past: int) -> dict[st
     }
 
 
-async def reaper_pass(stores: Stores, passes: int) -> tuple[float, float]:
-    """A pass's median wall time (ms) and this process's mean CPU per pass (us)."""
+async def reaper_pass(stores: Stores, passes: int) -> tuple[float, float, float]:
+    """A pass's median wall time (ms), this process's mean CPU per pass (us) and the Redis
+    commands a pass sends (the work itself, which no noise moves)."""
     reaper = Reaper(engine=stores.engine)
     await reaper.run_once()  # unmeasured: the first pass learns each item's shard count
     times = []
+    commands = await redis_commands(stores.redis)
     cpu = time.process_time()
     for _ in range(passes):
         started = time.perf_counter()
@@ -266,7 +274,15 @@ async def reaper_pass(stores: Stores, passes: int) -> tuple[float, float]:
         times.append((time.perf_counter() - started) * 1000)
         if released:
             sys.exit(f"the reaper released {released} holds: none should be due")
-    return statistics.median(times), (time.process_time() - cpu) / passes * 1e6
+    cpu_us = (time.process_time() - cpu) / passes * 1e6
+    sent = (await redis_commands(stores.redis) - commands - 1) / passes  # less one INFO
+    return statistics.median(times), cpu_us, sent
+
+
+async def redis_commands(redis: Redis) -> int:
+    """Commands the server has run so far (INFO commandstats)."""
+    stats = await redis.info("commandstats")
+    return sum(int(stat["calls"]) for stat in stats.values())
 
 
 async def persister_idle_cpu(stores: Stores, seconds: float) -> float:
@@ -316,9 +332,12 @@ def measure_row(args: argparse.Namespace, past: int) -> dict[str, Any]:
         upgrade_database(env, workdir)
 
         async def as_a_worker(stores: Stores) -> dict[str, Any]:
-            wall_ms, cpu_us = await reaper_pass(stores, args.passes)
+            wall_ms, cpu_us, commands = await reaper_pass(stores, args.passes)
             persister = 100 * await persister_idle_cpu(stores, args.persister_seconds)
-            return {"reaper_ms": wall_ms, "reaper_cpu_us": cpu_us, "persister_cpu_pct": persister}
+            return {
+                "reaper_ms": wall_ms, "reaper_cpu_us": cpu_us, "reaper_commands": commands,
+                "persister_cpu_pct": persister,
+            }  # fmt: skip
 
         row: dict[str, Any] = with_stores(
             redis.url, database_url, lambda stores: set_up(stores, args, past)
@@ -377,8 +396,22 @@ def measure_idle_serve(args: argparse.Namespace) -> dict[str, Any]:
 # -- the run -------------------------------------------------------------------------------------
 
 
+def measure_row_apart(argv: list[str], past: int) -> dict[str, Any]:
+    """One row in a process of its own: what an earlier row left in this one (its heap, its
+    loop's leftovers) moved the sub-millisecond figures more than history did."""
+    child = subprocess.run(
+        [sys.executable, "-m", "benchmarks.history", *argv, "--one-row", str(past)],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    row: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
+    return row
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.one_row is not None:
+        print(json.dumps(measure_row(args, args.one_row)))
+        return
     fate = "kept" if args.keep_past else "archived"
     print(
         f"past items {', '.join(map(str, args.past))} ({fate}); "
@@ -388,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[int, dict[str, Any]] = {}
     for past in args.past:
         load = os.getloadavg()[0]
-        row = measure_row(args, past)
+        row = measure_row_apart(argv or sys.argv[1:], past)
         row["load_before"] = round(load, 2)
         rows[past] = row
         kept = "kept in Redis" if args.keep_past else f"archived in {row['archiving_s']} s"
@@ -404,17 +437,18 @@ def main(argv: list[str] | None = None) -> None:
     }
     print()
     print(
-        f"{'past items':>10}  {'reaper pass ms':>14}  {'reaper CPU us':>13}  "
+        f"{'past items':>10}  {'reaper pass ms':>14}  {'CPU us':>6}  {'commands':>8}  "
         f"{'persister idle CPU %':>20}  {'scrape ms':>9}  {'Redis MB':>8}   "
-        "x first: reaper  reaper CPU  persister  scrape  Redis"
+        "x first: reaper  CPU  commands  persister  scrape  Redis"
     )
     for past, row in rows.items():
         r = ratios[past]
         print(
-            f"{past:>10}  {row['reaper_ms']:>14.2f}  {row['reaper_cpu_us']:>13.0f}  "
-            f"{row['persister_cpu_pct']:>20.1f}  {row['scrape_ms']:>9.1f}  "
-            f"{row['redis_mb']:>8.2f}   {_ratio(r['reaper_ms']):>15}  "
-            f"{_ratio(r['reaper_cpu_us']):>10}  {_ratio(r['persister_cpu_pct']):>9}  "
+            f"{past:>10}  {row['reaper_ms']:>14.2f}  {row['reaper_cpu_us']:>6.0f}  "
+            f"{row['reaper_commands']:>8.1f}  {row['persister_cpu_pct']:>20.1f}  "
+            f"{row['scrape_ms']:>9.1f}  {row['redis_mb']:>8.2f}   "
+            f"{_ratio(r['reaper_ms']):>15}  {_ratio(r['reaper_cpu_us']):>4}  "
+            f"{_ratio(r['reaper_commands']):>8}  {_ratio(r['persister_cpu_pct']):>9}  "
             f"{_ratio(r['scrape_ms']):>6}  {_ratio(r['redis_mb']):>5}"
         )
     idle = None
@@ -430,6 +464,7 @@ def main(argv: list[str] | None = None) -> None:
             str(past): {
                 "reaper_ms": round(row["reaper_ms"], 3),
                 "reaper_cpu_us": round(row["reaper_cpu_us"], 1),
+                "reaper_commands": round(row["reaper_commands"], 2),
                 "persister_cpu_pct": round(row["persister_cpu_pct"], 2),
                 "scrape_ms": round(row["scrape_ms"], 2),
                 "redis_mb": row["redis_mb"],
