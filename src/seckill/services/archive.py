@@ -122,12 +122,15 @@ class Archivist:
             found.append(Hindrance(Unsettled.IN_GRACE, f"archivable from {archivable}"))
         item_id = record.item_id
         keys = await self._engine.shard_keys(item_id)
-        held = 0
-        for shard in range(len(keys)):
-            part = await self._engine.shard_stock(item_id, shard)
+        held = in_transit = 0
+        for shard_keys in keys:
+            part = await self._engine.shard_stock(item_id, shard_keys.shard)
             held += part[0].held if part else 0
+            in_transit += int(await self._engine.redis.zcard(shard_keys.in_transit))
         if held:
             found.append(Hindrance(Unsettled.HELD, f"{held} units held"))
+        if in_transit:  # delivered by the reaper within a pass or two
+            found.append(Hindrance(Unsettled.HELD, f"{in_transit} stock transfers in transit"))
         for shard_keys, progress in zip(
             keys, await read_progress(self._engine.redis, [k.events for k in keys]), strict=True
         ):
