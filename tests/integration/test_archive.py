@@ -19,6 +19,7 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import items_registry, upkeep_lock_key
+from seckill.engine.scripts import Scripts
 from seckill.reconcile.reconciler import Reconciler
 from seckill.reconcile.records import audit_records
 from seckill.reconcile.recovery import recover_item
@@ -448,3 +449,26 @@ async def test_the_archiver_archives_what_is_settled_and_finishes_what_a_crash_l
     assert patient.archived == 0
     await archiver.run_once()
     assert archiver.archived == 3 and await engine.item_ids() == [on_sale]
+
+
+@pytest.mark.redis_variants("redis7", "cluster")
+async def test_a_sharded_item_left_half_removed_is_finished_by_a_fresh_process(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, scripts: Scripts
+) -> None:
+    """Its head (shard 0, where Redis keeps the shard count) went, the other shards did not:
+    a process that never saw the item takes the count from SQL and removes them all."""
+    item_id = await new_sale(engine, ledger, total=12, shards=3)
+    for n in range(1, 7):
+        await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
+        await pay(engine, item_id, item_id * 100 + n)
+    await until_ended(ledger, item_id)
+    await land(redis, ledger)
+    await ledger.mark_archived(item_id, [])
+    assert await engine.archive_shard(item_id, 0, await engine.shard_remains(item_id)) is None
+    assert await keys_of(redis, item_id) != []
+
+    fresh = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
+    done = await Archivist(engine=fresh, ledger=ledger, grace=timedelta(0)).archive(item_id)
+
+    assert done.removed
+    assert await keys_of(redis, item_id) == []

@@ -815,11 +815,10 @@ class RedisEngine:
         )
         return None if Outcome(reply[0]) is Outcome.ARCHIVED else Unsettled(reply[1])
 
-    async def forget_item(self, item_id: int) -> int:
-        """After every shard is archived: the item leaves the registries, and its buyers'
+    async def forget_item(self, item_id: int, shards: int) -> int:
+        """After its ``shards`` are archived: the item leaves the registries, and its buyers'
         idempotency records and rate windows (which would expire anyway) go now; returns how
         many of those were deleted. A SCAN: once per archived item, never on a sale's path."""
-        shards = await self.shard_count(item_id)
         await self._redis.srem(items_registry(self._prefix), item_id)
         await self._redis.srem(queues_registry(self._prefix), item_id)
         deleted = 0

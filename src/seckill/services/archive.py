@@ -121,7 +121,7 @@ class Archivist:
             archivable = record.ends_at + self._grace
             found.append(Hindrance(Unsettled.IN_GRACE, f"archivable from {archivable}"))
         item_id = record.item_id
-        keys = await self._engine.shard_keys(item_id)
+        keys = [self._engine.keys(item_id, shard) for shard in range(record.stock_shards)]
         held = in_transit = 0
         for shard_keys in keys:
             part = await self._engine.shard_stock(item_id, shard_keys.shard)
@@ -194,17 +194,19 @@ class Archivist:
                 ]
                 if hindrances:
                     return Archiving(item_id, settlement.stage, False, hindrances)
-                shards = await self._engine.shard_count(item_id)
-                remains = [await self._engine.shard_remains(item_id, s) for s in range(shards)]
+                shards = range(record.stock_shards)
+                remains = [await self._engine.shard_remains(item_id, s) for s in shards]
                 await self._ledger.mark_archived(item_id, _payments(item_id, remains))
-            left = await self._remove(item_id)
+            left = await self._remove(item_id, record.stock_shards)
             return Archiving(item_id, Stage.ARCHIVED, removed=not left, hindrances=left)
         finally:
             await lease.drop()
 
-    async def _remove(self, item_id: int) -> list[Hindrance]:
-        """Delete an archived item's keys, shard by shard; what stops a shard, if anything."""
-        for shard in range(await self._engine.shard_count(item_id)):
+    async def _remove(self, item_id: int, shards: int) -> list[Hindrance]:
+        """Delete an archived item's keys, shard by shard, the item's head (shard 0) last; what
+        stops a shard, if anything. The shard count is SQL's: once shard 0 is gone, Redis no
+        longer says it."""
+        for shard in reversed(range(shards)):
             for _ in range(MOVED_RETRIES):
                 remains = await self._engine.shard_remains(item_id, shard)
                 await self._ledger.keep_payments(_payments(item_id, [remains]))
@@ -214,7 +216,7 @@ class Archivist:
             if why is not None:
                 keys = self._engine.keys(item_id, shard)
                 return [Hindrance(why, f"{keys.item}: removed once it is settled again")]
-        await self._engine.forget_item(item_id)
+        await self._engine.forget_item(item_id, shards)
         return []
 
 
