@@ -8,6 +8,7 @@ import pytest
 
 from seckill.engine.engine import RedisEngine
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
+from seckill.engine.keys import items_registry
 from seckill.engine.streams import GROUP
 from seckill.services.dashboard import take_snapshot
 from seckill.store.ledger import Ledger
@@ -131,3 +132,23 @@ async def test_the_group_that_acknowledges_last_trims_what_all_have_done_with(
     assert await length() == orders + 1  # the bridge acknowledged nothing since its trim
     await persister.trim_if_due()
     assert await length() < orders + 1  # the last to acknowledge trims
+
+
+async def test_a_reader_follows_the_registry_and_never_makes_a_stream(
+    engine: RedisEngine,
+) -> None:
+    """A registered item with no stream yet is followed once its stream is written, from its
+    first entry; an item that left the registry is let go; no stream is ever created by a
+    reader (one of an item archived since the registry was read would come back empty)."""
+    persister = reader(engine, GROUP)
+    await engine.redis.sadd(items_registry(engine.prefix), 1)  # loading: registered first
+    await persister.discover()
+    assert persister.streams == {}
+    assert await engine.redis.exists(engine.keys(1).events) == 0
+    await engine.load_item(open_item(total=100))
+    await sell(engine, 3)
+    await persister.discover()
+    assert len(await read_all(persister)) == 4  # the load, then the three reservations
+    await engine.redis.srem(items_registry(engine.prefix), 1)
+    await persister.discover()
+    assert persister.streams == {}

@@ -123,18 +123,27 @@ class GroupReader:
         return await self.claim_idle()
 
     async def discover(self) -> None:
+        """Follow the streams of every item in the registry, and let go of those whose item
+        left it (archived). A group is created on a stream that exists, never with the stream:
+        one of an item archived since the registry was read would come back empty. A stream not
+        written yet (its item being loaded) is followed once it is, from its first entry."""
+        registered: set[str] = set()
         for item_id in await registered_items(self._redis, self._prefix):
             for shard in range(await self._shard_counts.of(item_id)):
                 keys = item_keys(item_id, self._prefix, shard)
-                if keys.events not in self.streams:
-                    try:
-                        await self._redis.xgroup_create(
-                            keys.events, self.group, id="0", mkstream=True
-                        )
-                    except ResponseError as exc:
-                        if "BUSYGROUP" not in str(exc):
-                            raise
-                    self.streams[keys.events] = keys
+                registered.add(keys.events)
+                if keys.events in self.streams:
+                    continue
+                try:
+                    await self._redis.xgroup_create(keys.events, self.group, id="0")
+                except ResponseError as exc:
+                    if "requires the key to exist" in str(exc):
+                        continue
+                    if "BUSYGROUP" not in str(exc):
+                        raise
+                self.streams[keys.events] = keys
+        for stream in self.streams.keys() - registered:
+            del self.streams[stream]
 
     async def read(self, *, block: bool) -> list[Entry]:
         """New entries, up to about a batch (this consumer's pending ones after Redis failed)."""
