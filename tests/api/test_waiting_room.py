@@ -124,7 +124,7 @@ async def test_passes_are_bound_to_their_buyer_and_item(queued: Api) -> None:
         ("alice", other_item, alice, "another item"),
         ("alice", item_id, forged, "signature"),
         ("alice", item_id, expired, "expired"),
-        ("alice", item_id, alice[:-1] + "0", "signature"),
+        ("alice", item_id, alice[:-1] + ("1" if alice.endswith("0") else "0"), "signature"),
     ]:
         answer = await poll(queued, item, buyer, text)
         assert answer.status_code == 403, (reason, answer.text)

@@ -74,6 +74,13 @@ async def pay(engine: RedisEngine, item_id: int, order_id: int) -> None:
     assert paid.outcome is Outcome.PAID
 
 
+async def sell_paid(engine: RedisEngine, item_id: int, orders: int) -> None:
+    """``orders`` buyers each buy one unit and pay for it."""
+    for n in range(1, orders + 1):
+        await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
+        await pay(engine, item_id, item_id * 100 + n)
+
+
 async def until_ended(ledger: Ledger, item_id: int) -> None:
     record = await ledger.item(item_id)
     assert record is not None
@@ -302,9 +309,7 @@ async def test_an_item_with_stock_shards_archives_every_shard(
     redis: RedisClient, engine: RedisEngine, ledger: Ledger
 ) -> None:
     item_id = await new_sale(engine, ledger, total=12, shards=3)
-    for n in range(1, 9):
-        await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
-        await pay(engine, item_id, item_id * 100 + n)
+    await sell_paid(engine, item_id, 8)
     await until_ended(ledger, item_id)
     await land(redis, ledger)
     assert len({k.split("}")[0] for k in await keys_of(redis, item_id)}) == 3  # three slots
@@ -355,9 +360,7 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
     are left, go with the next archiving). Then everything archives."""
     items = [await new_sale(engine, ledger) for _ in range(16)]
     for item_id in items:
-        for n in range(1, 5):
-            await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
-            await pay(engine, item_id, item_id * 100 + n)
+        await sell_paid(engine, item_id, 4)
     await until_ended(ledger, items[-1])
     await land(redis, ledger)
     whole = {item_id: await keys_of(redis, item_id) for item_id in items}
@@ -458,9 +461,7 @@ async def test_a_sharded_item_left_half_removed_is_finished_by_a_fresh_process(
     """Its head (shard 0, where Redis keeps the shard count) went, the other shards did not:
     a process that never saw the item takes the count from SQL and removes them all."""
     item_id = await new_sale(engine, ledger, total=12, shards=3)
-    for n in range(1, 7):
-        await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
-        await pay(engine, item_id, item_id * 100 + n)
+    await sell_paid(engine, item_id, 6)
     await until_ended(ledger, item_id)
     await land(redis, ledger)
     await ledger.mark_archived(item_id, [])
