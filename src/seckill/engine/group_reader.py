@@ -124,9 +124,9 @@ class GroupReader:
 
     async def discover(self) -> None:
         """Follow the streams of every item in the registry, and let go of those whose item
-        left it (archived). A group is created on a stream that exists, never with the stream:
-        one of an item archived since the registry was read would come back empty. A stream not
-        written yet (its item being loaded) is followed once it is, from its first entry."""
+        left it (archived). The group is made with the stream if there is none yet: an item is
+        registered before it is loaded, so every running reader's group is there before its
+        first entry, and no trimming by another group can take an entry from under it."""
         registered: set[str] = set()
         for item_id in await registered_items(self._redis, self._prefix):
             for shard in range(await self._shard_counts.of(item_id)):
@@ -135,10 +135,8 @@ class GroupReader:
                 if keys.events in self.streams:
                     continue
                 try:
-                    await self._redis.xgroup_create(keys.events, self.group, id="0")
+                    await self._redis.xgroup_create(keys.events, self.group, id="0", mkstream=True)
                 except ResponseError as exc:
-                    if "requires the key to exist" in str(exc):
-                        continue
                     if "BUSYGROUP" not in str(exc):
                         raise
                 self.streams[keys.events] = keys
