@@ -28,7 +28,7 @@ from seckill.api.schemas import (
     WarmOut,
 )
 from seckill.domain.items import Stock
-from seckill.domain.lifecycle import Stage
+from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.queues import Queues
@@ -117,7 +117,7 @@ async def archive(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ArchiveOut:
     is unsettled (nothing changes then)."""
     done = await _archivist(ctx).archive(item_id, waive_grace=True)
     if done.stage is not Stage.ARCHIVED:
-        why = "; ".join(f"{h.reason}: {h.detail}" for h in done.hindrances)
+        why = described(done.hindrances)
         raise InvalidRequest(ErrorCode.ITEM_UNSETTLED, f"item {item_id} is {done.stage}: {why}")
     return ArchiveOut(
         item_id=item_id, stage=done.stage, removed=done.removed,

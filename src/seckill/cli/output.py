@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from seckill.domain.lifecycle import Stage
+from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def print_stages(console: Console, stages: Sequence[tuple[ItemRecord, Settlement
     for column in ("item", "name", "starts at", "ends at", "stage", "why not archived yet"):
         table.add_column(column)
     for record, settled in stages:
-        why = "; ".join(f"{h.reason}: {h.detail}" for h in settled.hindrances)
+        why = described(settled.hindrances)
         if settled.archived_at is not None:
             why = f"archived at {settled.archived_at.isoformat(timespec='seconds')}"
         table.add_row(
@@ -68,7 +68,7 @@ def print_archiving(console: Console, done: Archiving) -> None:
     if done.removed:
         console.print(f"item {done.item_id} archived: Redis holds none of it; SQL answers for it")
         return
-    why = "; ".join(f"{h.reason}: {h.detail}" for h in done.hindrances)
+    why = described(done.hindrances)
     if done.stage is Stage.ARCHIVED:
         console.print(f"item {done.item_id} archived in SQL; its keys leave Redis once: {why}")
     else:

@@ -43,6 +43,14 @@ class Hindrance:
     reason: Unsettled
     detail: str
 
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+def described(hindrances: list[Hindrance]) -> str:
+    """What keeps an item from being settled, in one line."""
+    return "; ".join(map(str, hindrances))
+
 
 def stage(
     *,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from seckill.domain.lifecycle import Unsettled
+from seckill.domain.lifecycle import Unsettled, described
 from seckill.engine.engine import RedisEngine
 from seckill.observability import metrics
 from seckill.services.archive import Archivist
@@ -45,10 +45,7 @@ class Archiver:
                 removed += 1
                 log.info("item %d archived: its keys left Redis; SQL answers for it", item_id)
             elif any(h.reason is not Unsettled.IN_GRACE for h in done.hindrances):
-                log.info(
-                    "item %d not archived yet: %s", item_id,
-                    "; ".join(f"{h.reason} ({h.detail})" for h in done.hindrances),
-                )  # fmt: skip
+                log.info("item %d not archived yet: %s", item_id, described(done.hindrances))
         self.archived += removed
         metrics.ITEMS_ARCHIVED.inc(removed)
         return 0  # the loop waits one interval either way
