@@ -15,7 +15,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -111,14 +110,10 @@ def build_worker(
         )
         return inlet, settings.queue_inlet_interval_seconds
     if kind is WorkerKind.ARCHIVER:
-        grace = timedelta(seconds=runtime.settings.archive_grace_seconds)
-        archiver = Archiver(
-            engine=runtime.engine,
-            ledger=runtime.ledger,
-            archivist=Archivist(engine=runtime.engine, ledger=runtime.ledger, grace=grace),
-            grace=grace,
+        archivist = Archivist.from_settings(
+            runtime.settings, engine=runtime.engine, ledger=runtime.ledger
         )
-        return archiver, runtime.settings.archive_interval_seconds
+        return Archiver(archivist=archivist), runtime.settings.archive_interval_seconds
     reaper = Reaper(engine=runtime.engine)
     return reaper, runtime.settings.reaper_interval_seconds
 

@@ -432,9 +432,7 @@ async def test_the_archiver_archives_what_is_settled_and_finishes_what_a_crash_l
     on_sale = await new_sale(engine, ledger, lasts_s=600)
     await until_ended(ledger, held)
     await land(redis, ledger)
-    archiver = Archiver(
-        engine=engine, ledger=ledger, archivist=archivist(engine, ledger), grace=timedelta(0)
-    )
+    archiver = Archiver(archivist=archivist(engine, ledger))
 
     await archiver.run_once()
 
@@ -443,9 +441,7 @@ async def test_the_archiver_archives_what_is_settled_and_finishes_what_a_crash_l
     assert sorted(await engine.item_ids()) == sorted([held, on_sale])
     assert await ledger.archived_at(held) is None
     # A grace not over yet: nothing is archived.
-    patient = Archiver(
-        engine=engine, ledger=ledger, archivist=archivist(engine, ledger), grace=timedelta(hours=1)
-    )
+    patient = Archiver(archivist=Archivist(engine=engine, ledger=ledger, grace=timedelta(hours=1)))
     await pay(engine, held, held * 100 + 1)
     await land(redis, ledger)
     await patient.run_once()

@@ -3,7 +3,7 @@ each item's stage and archive it once settled."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -126,8 +126,8 @@ async def archive(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ArchiveOut:
 
 
 def _archivist(ctx: Context) -> Archivist:
-    grace = timedelta(seconds=ctx.runtime.settings.archive_grace_seconds)
-    return Archivist(engine=ctx.runtime.engine, ledger=ctx.runtime.ledger, grace=grace)
+    runtime = ctx.runtime
+    return Archivist.from_settings(runtime.settings, engine=runtime.engine, ledger=runtime.ledger)
 
 
 def _stage_out(name: str, starts_at: datetime, ends_at: datetime, s: Settlement) -> ItemStageOut:

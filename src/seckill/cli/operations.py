@@ -145,8 +145,7 @@ def item_warm(
 def archivist(runtime: Runtime) -> Archivist:
     from seckill.services.archive import Archivist
 
-    grace = timedelta(seconds=runtime.settings.archive_grace_seconds)
-    return Archivist(engine=runtime.engine, ledger=runtime.ledger, grace=grace)
+    return Archivist.from_settings(runtime.settings, engine=runtime.engine, ledger=runtime.ledger)
 
 
 @item_commands.command("list")

@@ -52,8 +52,11 @@ from seckill.store.records import ItemBook, RepairRecord
 log = logging.getLogger(__name__)
 
 _Journal = Callable[[Drift, str, str, str], Awaitable[None]]
-# Items compared together: their snapshots in one transaction, their books in one SQL snapshot.
+# Items compared together: their snapshots sent at once, their books in one SQL snapshot.
 COMPARED_AT_ONCE = 100
+# A grace for overdue holds that never ends: for the checks to which an overdue hold is the
+# reaper's business, not a disagreement (the audit, archiving).
+NEVER_OVERDUE_MS = 2**62
 REPLAYED = frozenset({Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_BEHIND_IN_SQL})
 
 

@@ -14,7 +14,7 @@ from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import Check, audit_shards, audit_snapshot, journal_check
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Comparison, Reconciler
+from seckill.reconcile.reconciler import NEVER_OVERDUE_MS, Comparison, Reconciler
 from seckill.store.ledger import Ledger
 
 ORDER_DRIFT = frozenset(
@@ -44,8 +44,7 @@ async def audit_records(engine: RedisEngine, ledger: Ledger, item_id: int) -> li
 
 
 async def _compare(engine: RedisEngine, ledger: Ledger, item_id: int) -> Comparison:
-    # Overdue holds are the reaper's business, not a disagreement: a grace that never ends.
-    return await Reconciler(engine, ledger, grace_ms=2**62).compare(item_id)
+    return await Reconciler(engine, ledger, grace_ms=NEVER_OVERDUE_MS).compare(item_id)
 
 
 def _archived(compared: Comparison) -> list[Check]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from seckill.config import Settings
 from seckill.domain.items import ItemRecord
 from seckill.domain.lifecycle import Hindrance, Stage, Unsettled, stage
 from seckill.engine.engine import RedisEngine, ShardRemains
@@ -33,7 +34,7 @@ from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
 from seckill.engine.streams import GROUP, read_progress
 from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Reconciler
+from seckill.reconcile.reconciler import NEVER_OVERDUE_MS, Reconciler
 from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
 from seckill.store.records import PaymentRecord
@@ -43,8 +44,6 @@ from seckill.store.records import PaymentRecord
 # that are each idempotent.
 LEASE_TTL_MS = 10_000
 MOVED_RETRIES = 3  # a shard that changed while being removed is read and tried again this often
-# Overdue holds are the reaper's business, not a disagreement: a grace that never ends.
-NO_OVERDUE = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +75,19 @@ class Archivist:
         self._engine = engine
         self._ledger = ledger
         self._grace = grace
-        self._reconciler = Reconciler(engine, ledger, grace_ms=NO_OVERDUE)
+        self._reconciler = Reconciler(engine, ledger, grace_ms=NEVER_OVERDUE_MS)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, engine: RedisEngine, ledger: Ledger) -> Archivist:
+        grace = timedelta(seconds=settings.archive_grace_seconds)
+        return cls(engine=engine, ledger=ledger, grace=grace)
+
+    async def due(self) -> list[int]:
+        """The items to archive now, if settled: those in the registry whose sale ended a grace
+        period ago, and those archived in SQL whose keys Redis still holds (one SQL query)."""
+        return await self._ledger.archive_candidates(
+            await self._engine.item_ids(), ended_before=datetime.now(UTC) - self._grace
+        )
 
     async def settlement(
         self,

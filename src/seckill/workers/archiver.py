@@ -10,13 +10,10 @@ Any number may run side by side: each item is archived under its own upkeep leas
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
 
 from seckill.domain.lifecycle import Unsettled, described
-from seckill.engine.engine import RedisEngine
 from seckill.observability import metrics
 from seckill.services.archive import Archivist
-from seckill.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +21,14 @@ log = logging.getLogger(__name__)
 class Archiver:
     name = "archiver"
 
-    def __init__(
-        self, *, engine: RedisEngine, ledger: Ledger, archivist: Archivist, grace: timedelta
-    ) -> None:
-        self._engine = engine
-        self._ledger = ledger
+    def __init__(self, *, archivist: Archivist) -> None:
         self._archivist = archivist
-        self._grace = grace
         self.archived = 0
 
     async def run_once(self) -> int:
         """One pass; returns how many items left Redis."""
-        due = await self._ledger.archive_candidates(
-            await self._engine.item_ids(), ended_before=datetime.now(UTC) - self._grace
-        )
         removed = 0
-        for item_id in due:
+        for item_id in await self._archivist.due():
             done = await self._archivist.archive(item_id)
             if done.removed:
                 removed += 1
