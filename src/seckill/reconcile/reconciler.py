@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from seckill.domain.events import stream_position
 from seckill.domain.holds import Hold
 from seckill.domain.items import Stock
-from seckill.domain.orders import OrderStatus
 from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
 from seckill.reconcile.drift import (
     REDIS_LOST,
@@ -102,10 +101,10 @@ class Comparison:
 
 
 def _archived_findings(book: ItemBook, dead_letters: list[int]) -> list[Finding]:
-    held = sum(o.quantity for o in book.orders.values() if o.status is OrderStatus.HELD)
     findings = sql_findings(book)
-    if held:
-        findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", str(held)))
+    if book.units_held:
+        held = str(book.units_held)
+        findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", held))
     for letters in dead_letters:
         findings += dead_letter_findings(letters)
     return findings

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections import Counter
 
 from seckill.domain.items import Stock
-from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import Check, audit_shards, audit_snapshot, journal_check
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
@@ -50,7 +49,7 @@ async def _compare(engine: RedisEngine, ledger: Ledger, item_id: int) -> Compari
 def _archived(compared: Comparison) -> list[Check]:
     """An archived item's checks: SQL is its whole record, so against itself."""
     book = compared.book
-    held = sum(o.quantity for o in book.orders.values() if o.status is OrderStatus.HELD)
+    held = book.units_held
     shown = "; ".join(f"{f.kind} {f.subject}: {f.sql}" for f in compared.findings[:3])
     return [
         Check("SQL stock balanced", book.stock is not None and book.stock.balanced,

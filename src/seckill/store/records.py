@@ -70,6 +70,11 @@ class ItemBook:
     journal: list[JournalRow]
     archived: bool = False  # the item left Redis: SQL is its whole record
 
+    @property
+    def units_held(self) -> int:
+        """Units its orders hold (not paid, not released)."""
+        return sum(o.quantity for o in self.orders.values() if o.status is OrderStatus.HELD)
+
     def for_shard(self, shard: int, shards: int) -> ItemBook:
         """The part of the record one stock shard's stream wrote: its buyers' orders and its
         events. No inventory: that is the item's, checked once (``stock`` None)."""
