@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -47,10 +48,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import uvloop
@@ -317,7 +318,18 @@ async def scrape_ms(url: str, scrapes: int) -> float:
     return statistics.median(times)
 
 
-def measure_row(args: argparse.Namespace, past: int) -> dict[str, Any]:
+class Deployment(NamedTuple):
+    """A throwaway deployment: its own redis-server, a migrated SQLite file, a work directory
+    and the environment of a ``seckill`` child on them."""
+
+    workdir: Path
+    redis: RedisServer
+    database_url: str
+    env: dict[str, str]
+
+
+@contextlib.contextmanager
+def deployment(args: argparse.Namespace) -> Iterator[Deployment]:
     with (
         tempfile.TemporaryDirectory(prefix="seckill-history-") as tmp,
         RedisServer(binary=redis_binary(args.redis_server), port=free_port()) as redis,
@@ -330,6 +342,11 @@ def measure_row(args: argparse.Namespace, past: int) -> dict[str, Any]:
             )
         )
         upgrade_database(env, workdir)
+        yield Deployment(workdir, redis, database_url, env)
+
+
+def measure_row(args: argparse.Namespace, past: int) -> dict[str, Any]:
+    with deployment(args) as (workdir, redis, database_url, env):
 
         async def as_a_worker(stores: Stores) -> dict[str, Any]:
             wall_ms, cpu_us, commands = await reaper_pass(stores, args.passes)
@@ -355,18 +372,7 @@ def measure_row(args: argparse.Namespace, past: int) -> dict[str, Any]:
 
 
 def measure_idle_serve(args: argparse.Namespace) -> dict[str, Any]:
-    with (
-        tempfile.TemporaryDirectory(prefix="seckill-history-") as tmp,
-        RedisServer(binary=redis_binary(args.redis_server), port=free_port()) as redis,
-    ):
-        workdir = Path(tmp)
-        database_url = f"sqlite+aiosqlite:///{workdir / 'seckill.db'}"
-        env = child_env(
-            seckill_settings(
-                workdir / "seckill", redis_url=redis.url, database_url=database_url, concurrency=8
-            )
-        )
-        upgrade_database(env, workdir)
+    with deployment(args) as (workdir, redis, database_url, env):
 
         async def on_sale(stores: Stores) -> int:
             ends_at = datetime.now(UTC) + timedelta(hours=2)
