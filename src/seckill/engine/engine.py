@@ -831,11 +831,6 @@ class RedisEngine:
         self._shard_counts.forget(item_id)
         return deleted
 
-    async def last_event_id(self, item_id: int, shard: int = 0) -> str:
-        """The last id a shard's stream generated ("0-0": no stream)."""
-        [last] = await self.last_event_ids([(item_id, shard)])
-        return last
-
     async def _hmget(self, key: str, fields: tuple[str, ...]) -> list[int] | None:
         values = cast(list[str | None], await self._redis.hmget(key, list(fields)))
         if any(v is None for v in values):

@@ -201,13 +201,6 @@ class Ledger:
         async with self.engine.begin() as conn:
             await _keep_payments(conn, payments)
 
-    async def payment(self, payment_id: str) -> PaymentRecord | None:
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(select(Payment).where(Payment.payment_id == payment_id))
-            ).first()
-        return None if row is None else _payment_record(row)
-
     async def settle_archived_payment(
         self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
     ) -> PaymentSettlement | None:
@@ -494,13 +487,6 @@ async def _mark_refund_required(conn: AsyncConnection, order: Any) -> None:
             order_id=order.id, quantity=order.quantity, reason=order.release_reason, at=now,
             available_delta=0, held_delta=0, sold_delta=0,
         )
-    )  # fmt: skip
-
-
-def _payment_record(row: Any) -> PaymentRecord:
-    return PaymentRecord(
-        payment_id=row.payment_id, item_id=row.item_id, order_id=row.order_id,
-        succeeded=row.succeeded, outcome=row.outcome, reason=row.reason,
     )  # fmt: skip
 
 
