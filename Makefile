@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,9 @@ bench-bridge: $(STAMP)  # starts its own redis-server; RabbitMQ and NATS: SECKIL
 
 bench-history: $(STAMP)  # starts its own redis-servers, SQLite databases and servers on free ports
 	$(BIN)/python -m benchmarks.history $(BENCH_ARGS)
+
+bench-token-cache: $(STAMP)  # memory, counted by tracemalloc: the same figure on a busy machine
+	$(BIN)/python -m benchmarks.token_cache $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .seckill .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
+from seckill.domain.holds import PaymentSettlement
 from seckill.domain.items import NewItem, SaleItem
 from seckill.engine.cluster import RedisClient, connect
 from seckill.engine.engine import RedisEngine
@@ -149,6 +150,16 @@ def engine(redis: RedisClient, scripts: Scripts) -> RedisEngine:
 def timed_engine(redis: RedisClient, scripts: Scripts, clock: ManualClock) -> RedisEngine:
     """An engine on the test's ManualClock, for expiry without sleeping."""
     return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock)
+
+
+async def pay(
+    engine: RedisEngine, item_id: int, order_id: int, payment_id: str | None = None
+) -> PaymentSettlement:
+    """The provider's success notice for an order: paid with its own payment id (``pay-<order
+    id>``) unless one is given."""
+    return await engine.settle_payment(
+        item_id, order_id, payment_id=payment_id or f"pay-{order_id}", succeeded=True
+    )
 
 
 def open_item(

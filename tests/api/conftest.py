@@ -193,8 +193,14 @@ class Api:
         self, notice: dict[str, str | int], *, secret: str = PAYMENT_SECRET, at: float | None = None
     ) -> tuple[bytes, dict[str, str]]:
         body = json.dumps(notice).encode()
+        return body, self.signed_headers(body, secret=secret, at=at)
+
+    def signed_headers(
+        self, body: bytes, *, secret: str = PAYMENT_SECRET, at: float | None = None
+    ) -> dict[str, str]:
+        """The headers a provider sends with ``body``, exactly these bytes, signed."""
         timestamp = int(time.time() if at is None else at)
-        return body, {
+        return {
             SIGNATURE_HEADER: sign(secret, body, timestamp=timestamp),
             "Content-Type": "application/json",
         }

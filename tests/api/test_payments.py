@@ -41,6 +41,7 @@ async def test_a_signed_success_pays_the_hold_once(api: Api) -> None:
         "outcome": "paid",
         "order_status": "paid",
         "refund_required": False,
+        "refund_reason": None,
         "replayed": False,
     }
     before = await state(api, item_id, order_id)
@@ -104,11 +105,39 @@ async def test_failure_releases_and_a_late_success_requires_a_refund(api: Api) -
     assert late.status_code == 200, late.text
     assert late.json()["outcome"] == "refund_required"
     assert late.json()["refund_required"] is True
+    assert late.json()["refund_reason"] == "payment_failed"
     assert (await api.runtime.engine.stock(item_id),) == stock_after_release  # no stock created
     seen = await api.http.get(
         f"/api/v1/items/{item_id}/orders/{order_id}", headers=api.as_buyer("alice")
     )
     assert seen.json()["status"] == "refund_required"
+
+
+async def test_a_second_charge_for_a_paid_order_is_owed_back(api: Api) -> None:
+    item_id, order_id = await held_order(api)
+    assert (await api.pay(item_id, order_id, "pay-1")).json()["outcome"] == "paid"
+    for replayed in (False, True):  # the provider retries the second charge's notice
+        second = await api.pay(item_id, order_id, "pay-2")
+        assert second.status_code == 200, second.text
+        assert {k: second.json()[k] for k in ("outcome", "order_status", "refund_reason")} == {
+            "outcome": "refund_required",
+            "order_status": "paid",
+            "refund_reason": "duplicate_charge",
+        }
+        assert (second.json()["refund_required"], second.json()["replayed"]) == (True, replayed)
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and stock.sold == 1
+
+
+async def test_one_payment_id_is_one_payment_of_its_item(api: Api) -> None:
+    """A payment id names one payment of the item the notice names: the same id on two items
+    is two payments (each item's own), and each retry replays its own answer."""
+    first_item, first_order = await held_order(api)
+    second_item = await api.create_item(total=5)
+    second_order = (await api.buy(second_item, "bob", "k")).json()["order_id"]
+    for _ in range(2):
+        assert (await api.pay(first_item, first_order, "pay-1")).json()["outcome"] == "paid"
+        assert (await api.pay(second_item, second_order, "pay-1")).json()["outcome"] == "paid"
 
 
 async def test_a_failure_after_success_changes_nothing(api: Api) -> None:

@@ -20,6 +20,7 @@ VERDICTS = (
     "no lost orders",
     "no duplicate orders",
     "payments counted once",
+    "every charge accounted for",
     "released units resold or on sale",
     "Redis == SQL",
     "server audit",

@@ -13,7 +13,7 @@ from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
-from tests.conftest import RedisTarget, flush, new_item, redis_settings
+from tests.conftest import RedisTarget, flush, new_item, pay, redis_settings
 from tests.integration.test_pipeline import Sale, drain
 from tests.seckill_cli import seckill
 
@@ -32,7 +32,7 @@ async def test_reconcile_reports_repairs_and_recover_rebuilds(
     sale = Sale(engine, ledger, redis, item_id, OrderIds(41))
     paid = await sale.buy("alice", 2)
     assert paid is not None and await sale.buy("bob")
-    await engine.confirm(item_id, paid)
+    await pay(engine, item_id, paid)
     await drain(sale)
     run = dict(**redis_settings(redis_server), sql_url=sql_url, data_dir=tmp_path)
 

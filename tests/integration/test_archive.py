@@ -10,16 +10,18 @@ import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import select
 
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.items import NewItem, Stock
 from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.shards import home_shard
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import items_registry, upkeep_lock_key
-from seckill.engine.scripts import Scripts
+from seckill.engine.scripts import ScriptName, Scripts
 from seckill.reconcile.reconciler import Reconciler
 from seckill.reconcile.records import audit_records
 from seckill.reconcile.recovery import recover_item
@@ -28,6 +30,7 @@ from seckill.services.archive import Archivist
 from seckill.services.items import item_counters, warm_item
 from seckill.services.orders import OrderBook
 from seckill.store.ledger import Ledger
+from seckill.store.tables import Payment
 from seckill.workers.archiver import Archiver
 from seckill.workers.persister import Persister, PersisterConfig
 
@@ -302,6 +305,124 @@ async def test_a_late_payment_answered_by_redis_mid_archiving_is_kept(
     assert (again.outcome, again.replayed) == (Outcome.REFUND_REQUIRED, True)
     assert view.status is OrderStatus.REFUND_REQUIRED
     assert await ledger.stock(item_id) == Stock(total=10, available=7, held=0, sold=3)
+
+
+@EVERY_REDIS
+async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    """What a hostile or buggy provider sends: one payment id for two orders on two shards at
+    once, a second charge for a paid order, two for a released one, the same payment id on
+    another item, and a claim whose settling never ran (its process stopped). Archiving never
+    fails on them and keeps every notice that was answered; each retry is answered from SQL as
+    Redis answered it."""
+    item_id = await new_sale(engine, ledger, total=20, shards=4)
+    other = await new_sale(engine, ledger, total=5)
+    buyers: dict[int, list[str]] = {shard: [] for shard in range(4)}
+    for n in range(60):
+        buyers[home_shard(f"b{n}", 4)].append(f"b{n}")
+    orders = {}
+    for name, shard in {"A": 1, "B": 2, "C": 0, "D": 3, "F": 1}.items():
+        orders[name] = item_id * 100 + len(orders) + 1
+        await buy(engine, item_id, buyers[shard][len(orders)], orders[name])
+    await buy(engine, other, "e", other * 100 + 1)
+    notices: list[tuple[int, int, str, bool]] = []  # every notice answered: (item, order, id, ok)
+
+    async def notify(item: int, order: int, payment_id: str, succeeded: bool = True) -> Outcome:
+        answer = await engine.settle_payment(
+            item, order, payment_id=payment_id, succeeded=succeeded
+        )
+        notices.append((item, order, payment_id, succeeded))
+        return answer.outcome
+
+    raced = await asyncio.gather(
+        engine.settle_payment(item_id, orders["A"], payment_id="P1", succeeded=True),
+        engine.settle_payment(item_id, orders["B"], payment_id="P1", succeeded=True),
+        return_exceptions=True,
+    )
+    winner, loser = ("A", "B") if not isinstance(raced[0], Exception) else ("B", "A")
+    notices.append((item_id, orders[winner], "P1", True))
+    assert await notify(item_id, orders[loser], "P7") is Outcome.PAID
+    assert await notify(item_id, orders["C"], "P2") is Outcome.PAID
+    assert await notify(item_id, orders["C"], "P3") is Outcome.REFUND_REQUIRED
+    await engine.release(item_id, orders["D"], ReleaseReason.CANCELLED)
+    assert await notify(item_id, orders["D"], "P4") is Outcome.REFUND_REQUIRED
+    assert await notify(item_id, orders["D"], "P5") is Outcome.REFUND_REQUIRED
+    assert await notify(other, other * 100 + 1, "P1") is Outcome.PAID  # another item's P1
+    await engine.release(item_id, orders["F"], ReleaseReason.CANCELLED)
+    keys = engine.keys(item_id)  # claimed on the head for F's shard, never settled there
+    await engine.scripts.call(
+        ScriptName.CLAIM_PAYMENT,
+        (*keys.all_fixed(), keys.payments),
+        (item_id, orders["F"], "P6", "succeeded", 1),
+    )
+    await until_ended(ledger, item_id)
+    await land(redis, ledger)
+    for item in (item_id, other):
+        done = await archivist(engine, ledger).archive(item)
+        assert (done.stage, done.removed, done.hindrances) == (Stage.ARCHIVED, True, [])
+
+    book = OrderBook(engine=engine, ledger=ledger)
+    async with ledger.engine.connect() as conn:
+        kept = {(r.item_id, r.payment_id) for r in await conn.execute(select(Payment))}
+    assert kept == {(item, payment_id) for item, _, payment_id, _ in notices}
+    for item, order, payment_id, succeeded in notices:  # the provider retries each
+        again, _ = await book.settle_payment(
+            item, order, payment_id=payment_id, succeeded=succeeded
+        )
+        assert again.replayed, (item, order, payment_id)
+    with pytest.raises(InvalidRequest) as reused:
+        await book.settle_payment(item_id, orders[loser], payment_id="P1", succeeded=True)
+    assert reused.value.code is ErrorCode.PAYMENT_ID_REUSED
+    late, view = await book.settle_payment(item_id, orders["F"], payment_id="P6", succeeded=True)
+    assert (late.outcome, late.reason, late.replayed) == (
+        Outcome.REFUND_REQUIRED, ReleaseReason.CANCELLED, False
+    )  # fmt: skip
+    assert view.status is OrderStatus.REFUND_REQUIRED
+    page = await ledger.payments.refunds(item_id=item_id)
+    assert sorted((r.payment_id, r.reason) for r in page.refunds) == [
+        ("P3", "duplicate_charge"), ("P4", "cancelled"), ("P5", "cancelled"), ("P6", "cancelled")
+    ]  # fmt: skip
+    for item in (item_id, other):
+        checks = await audit_records(engine, ledger, item)
+        assert all(c.ok for c in checks), checks
+
+
+async def test_notices_for_an_archived_item_are_settled_in_sql(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    """After archiving, SQL settles what Redis would: a second charge for a paid order and
+    each charge for a released one are refunds owed; one payment id sent for two orders at
+    once pays one."""
+    item_id = await settled_sale(redis, engine, ledger)
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+    book = OrderBook(engine=engine, ledger=ledger)
+    paid, cancelled, also_cancelled = item_id * 100 + 1, item_id * 100 + 4, item_id * 100 + 5
+
+    twice, view = await book.settle_payment(item_id, paid, payment_id="again", succeeded=True)
+    assert (twice.outcome, twice.reason, view.status) == (
+        Outcome.REFUND_REQUIRED, RefundReason.DUPLICATE_CHARGE, OrderStatus.PAID
+    )  # fmt: skip
+    for payment_id in ("late-1", "late-2"):
+        late, _ = await book.settle_payment(
+            item_id, cancelled, payment_id=payment_id, succeeded=True
+        )
+        assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, RefundReason.CANCELLED)
+    raced = await asyncio.gather(
+        *(
+            book.settle_payment(item_id, order, payment_id="same", succeeded=True)
+            for order in (cancelled, also_cancelled)
+        ),
+        return_exceptions=True,
+    )
+    refused = [r for r in raced if isinstance(r, InvalidRequest)]
+    assert len(refused) == 1 and refused[0].code is ErrorCode.PAYMENT_ID_REUSED, raced
+    page = await ledger.payments.refunds(item_id=item_id)
+    assert sorted(r.payment_id for r in page.refunds) == ["again", "late-1", "late-2", "same"]
+    assert (await ledger.journal_kinds(item_id))["refund_required"] == 4
+    assert await ledger.stock(item_id) == Stock(total=10, available=7, held=0, sold=3)
+    checks = await audit_records(engine, ledger, item_id)
+    assert all(c.ok for c in checks), checks
 
 
 @EVERY_REDIS

@@ -21,7 +21,7 @@ from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import item_pattern
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
-from tests.conftest import open_item
+from tests.conftest import open_item, pay
 
 ids = OrderIds(4)
 
@@ -49,7 +49,7 @@ async def busy_item(engine: RedisEngine) -> int:
         for b in ("held", "paid", "released")
     ]
     assert paid.order_id and released.order_id and held.order_id
-    await engine.confirm(1, paid.order_id)
+    await pay(engine, 1, paid.order_id)
     await engine.release(1, released.order_id, "cancelled")  # type: ignore[arg-type]
     return held.order_id
 
@@ -101,13 +101,13 @@ async def test_lua_only_refusals_change_nothing(
     assert await snapshot(raw) == before
 
 
-async def test_bad_confirm_release_expire_change_nothing(
+async def test_bad_payment_release_expire_change_nothing(
     engine: RedisEngine, raw: Redis, busy_item: int
 ) -> None:
     before = await snapshot(raw)
     for call, code in [
-        (engine.confirm(1, -1), ErrorCode.INVALID_ORDER_ID),
-        (engine.confirm(0, busy_item), ErrorCode.INVALID_ITEM_ID),
+        (pay(engine, 1, -1), ErrorCode.INVALID_ORDER_ID),
+        (pay(engine, 0, busy_item), ErrorCode.INVALID_ITEM_ID),
         (engine.release(1, busy_item, "lost"), ErrorCode.INVALID_REASON),  # type: ignore[arg-type]
         (engine.expire_due(1, limit=0), ErrorCode.INVALID_BATCH),
     ]:
@@ -135,8 +135,6 @@ RAW: list[tuple[ScriptName, tuple[str, ...], ErrorCode]] = [
     (ScriptName.RESERVE, (ITEM, BUYER, QTY, "0x10", TTL, NOW), ErrorCode.INVALID_ORDER_ID),
     (ScriptName.RESERVE, (ITEM, BUYER, QTY, ORDER, "0", NOW), ErrorCode.INVALID_TTL),
     (ScriptName.RESERVE, (ITEM, BUYER, QTY, ORDER, TTL, "yesterday"), ErrorCode.INVALID_TIME),
-    (ScriptName.CONFIRM, (ITEM, "abc", NOW), ErrorCode.INVALID_ORDER_ID),
-    (ScriptName.CONFIRM, (ITEM, ORDER, "-5"), ErrorCode.INVALID_TIME),
     (ScriptName.RELEASE, (ITEM, ORDER, "", NOW), ErrorCode.INVALID_REASON),
     (ScriptName.RELEASE, (ITEM, ORDER, "Cancelled", NOW), ErrorCode.INVALID_REASON),
     (ScriptName.EXPIRE_DUE, (ITEM, NOW, "10001"), ErrorCode.INVALID_BATCH),
@@ -158,6 +156,19 @@ RAW: list[tuple[ScriptName, tuple[str, ...], ErrorCode]] = [
     (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "Failed", NOW),
      ErrorCode.INVALID_PAYMENT_RESULT),
     (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "0"), ErrorCode.INVALID_TIME),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, "abc", "pay-1", "succeeded", NOW),
+     ErrorCode.INVALID_ORDER_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", "-5"),
+     ErrorCode.INVALID_TIME),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", "0"), ErrorCode.INVALID_SHARD),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", "64"), ErrorCode.INVALID_SHARD),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay 1", "succeeded", "1"),
+     ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, "0", "pay-1", "succeeded", "1"), ErrorCode.INVALID_ORDER_ID),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "paid", "1"),
+     ErrorCode.INVALID_PAYMENT_RESULT),
+    (ScriptName.REPLAY_REFUNDS, (ITEM, NOW, "pay 1"), ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.REPLAY_REFUNDS, (ITEM, "x"), ErrorCode.INVALID_TIME),
 ]  # fmt: skip
 
 
@@ -175,7 +186,7 @@ async def test_scripts_refuse_raw_bad_input(
     all_keys = keys.all_fixed()
     if script is ScriptName.RESERVE:
         all_keys = (*all_keys, keys.idempotency(BUYER, "raw"))
-    if script is ScriptName.SETTLE_PAYMENT:
+    if script in (ScriptName.SETTLE_PAYMENT, ScriptName.CLAIM_PAYMENT, ScriptName.REPLAY_REFUNDS):
         all_keys = (*all_keys, keys.payments)
         args = (args[0], str(busy_item), *args[2:]) if args[1] == ORDER else args  # a real hold
     before = await snapshot(raw)

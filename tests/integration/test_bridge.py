@@ -25,7 +25,7 @@ from seckill.sinks.nats import DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
 from seckill.workers.bridge import Bridge, BridgeConfig
 from seckill.workers.loop import run_until_stopped
 from tests.brokers import Broker, Delivery, Nats, free_port, sink_of
-from tests.conftest import RedisTarget, open_item
+from tests.conftest import RedisTarget, open_item, pay
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7", "cluster")
@@ -46,7 +46,7 @@ async def sell(
         await engine.reserve(1, buyer=f"b{n}", quantity=1, idempotency_key="k", order_id=n)
         expected[n].append(EventKind.RESERVED)
         if n % 2 == 0:
-            await engine.confirm(1, n)
+            await pay(engine, 1, n)
             expected[n].append(EventKind.PAID)
         elif n % 4 == 1:
             await engine.release(1, n, ReleaseReason.CANCELLED)

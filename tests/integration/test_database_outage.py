@@ -30,7 +30,7 @@ from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
 from seckill.workers.persister import Persister, PersisterConfig
-from tests.conftest import SERVER_BACKENDS, new_item
+from tests.conftest import SERVER_BACKENDS, new_item, pay
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
 from tests.polling import wait_until
 from tests.tcp_proxy import TcpProxy
@@ -108,7 +108,7 @@ async def test_sales_go_on_while_the_database_is_cut_and_the_backlog_lands_after
         # Before: reservations land through the proxy.
         before = [await answered(sale.buy(f"early{n}")) for n in range(10)]
         assert all(before)
-        await answered(engine.confirm(item_id, before[0]))
+        await answered(pay(engine, item_id, before[0]))
         await answered(engine.release(item_id, before[1], ReleaseReason.CANCELLED))
         await wait_until(lambda: stream_drained(redis, stream), DRAIN_S, "first sales landed")
         assert len(await ledger.orders(item_id)) == 10
@@ -131,7 +131,7 @@ async def test_sales_go_on_while_the_database_is_cut_and_the_backlog_lands_after
                 assert reply.order_id is not None
                 fate = rng.random()
                 if fate < 0.4:
-                    paid = await answered(engine.confirm(item_id, reply.order_id))
+                    paid = await answered(pay(engine, item_id, reply.order_id))
                     assert paid.outcome is Outcome.PAID
                 elif fate < 0.6:
                     await answered(engine.release(item_id, reply.order_id, ReleaseReason.EXPIRED))

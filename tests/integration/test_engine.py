@@ -8,13 +8,13 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
-from tests.conftest import ManualClock, open_item
+from tests.conftest import ManualClock, open_item, pay
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
@@ -81,12 +81,18 @@ async def test_the_sale_window(timed_engine: RedisEngine, clock: ManualClock) ->
     assert (await buy(timed_engine, "b")).outcome is Outcome.ENDED
 
 
-async def test_confirm_then_release_refuses(engine: RedisEngine) -> None:
+async def test_a_paid_order_stays_paid_and_refuses_a_release(engine: RedisEngine) -> None:
     await engine.load_item(open_item(total=5, limit=5))
     r = await buy(engine, "a", 3)
     assert r.order_id
-    assert (await engine.confirm(1, r.order_id)).outcome is Outcome.PAID
-    assert (await engine.confirm(1, r.order_id)).outcome is Outcome.ALREADY_PAID
+    assert (await pay(engine, 1, r.order_id)).outcome is Outcome.PAID
+    again = await pay(engine, 1, r.order_id)  # the provider's retry: the first answer
+    assert (again.outcome, again.replayed) == (Outcome.PAID, True)
+    second = await pay(engine, 1, r.order_id, "pay-twice")  # a second charge: owed back
+    assert (second.outcome, second.reason) == (
+        Outcome.REFUND_REQUIRED,
+        RefundReason.DUPLICATE_CHARGE,
+    )
     assert (
         await engine.release(1, r.order_id, ReleaseReason.CANCELLED)
     ).outcome is Outcome.ALREADY_PAID
@@ -105,7 +111,7 @@ async def test_release_returns_stock_once_and_a_payment_after_it_is_refunded(
     again = await engine.release(1, r.order_id, ReleaseReason.CANCELLED)
     assert (first.outcome, first.reason) == (Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
     assert (again.outcome, again.reason) == (Outcome.ALREADY_RELEASED, ReleaseReason.PAYMENT_FAILED)
-    late = await engine.confirm(1, r.order_id)
+    late = await pay(engine, 1, r.order_id)
     assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, ReleaseReason.PAYMENT_FAILED)
     stock = await engine.stock(1)
     assert stock is not None and (stock.available, stock.held, stock.sold) == (1, 0, 0)
@@ -116,7 +122,7 @@ async def test_release_returns_stock_once_and_a_payment_after_it_is_refunded(
 
 async def test_unknown_orders(engine: RedisEngine) -> None:
     await engine.load_item(open_item())
-    assert (await engine.confirm(1, 12345)).outcome is Outcome.UNKNOWN_ORDER
+    assert (await pay(engine, 1, 12345)).outcome is Outcome.UNKNOWN_ORDER
     assert (
         await engine.release(1, 12345, ReleaseReason.CANCELLED)
     ).outcome is Outcome.UNKNOWN_ORDER
@@ -148,7 +154,7 @@ async def test_a_payment_past_the_deadline_releases_and_is_refunded(
     r = await buy(timed_engine, "a")
     assert r.order_id
     clock.advance(1_000)  # due, but the reaper has not run yet
-    late = await timed_engine.confirm(1, r.order_id)
+    late = await pay(timed_engine, 1, r.order_id)
     assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
     stock = await timed_engine.stock(1)
     assert stock is not None and (stock.available, stock.sold) == (1, 0)
@@ -161,7 +167,7 @@ async def test_loading_an_active_item_never_resets_its_stock(engine: RedisEngine
     assert await engine.load_item(item) is Outcome.LOADED
     r = await buy(engine, "a", 3)
     assert r.order_id
-    await engine.confirm(1, r.order_id)
+    await pay(engine, 1, r.order_id)
     await buy(engine, "b", 2)
     with pytest.raises(InvalidRequest) as refused:
         await engine.load_item(item)

@@ -1,10 +1,10 @@
 """The real engine, driven by random operation sequences, against a plain-Python model of its rules.
 
-Hypothesis picks the operations (reserve, rushes of buyers in one millisecond, replay, confirm,
-provider payment notices, release, restock, clock moves, reaper batches, and payments or reaping
-landed right on a deadline) over one or two small items and a few buyers, idempotency keys and
-payment ids, so replays, key and payment id reuse, limits, sell-outs, pay-versus-timeout races
-and late payments (refunds) happen often. The model predicts every answer
+Hypothesis picks the operations (reserve, rushes of buyers in one millisecond, replay, provider
+payment notices, release, restock, clock moves, reaper batches, and payments or reaping landed
+right on a deadline) over one or two small items and a few buyers, idempotency keys and payment
+ids, so replays, key and payment id reuse, limits, sell-outs, pay-versus-timeout races, late
+payments and second charges (refunds owed) happen often. The model predicts every answer
 exactly; after every step the engine's state must equal the model's and every check of
 ``seckill.engine.audit`` (the one home of the README's invariants) must pass.
 
@@ -36,7 +36,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import (
     Hold,
     HoldState,
@@ -50,7 +50,7 @@ from seckill.domain.shards import home_shard
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
-from tests.conftest import ManualClock, RedisTarget, client_of, flush
+from tests.conftest import ManualClock, RedisTarget, client_of, flush, pay
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
@@ -74,8 +74,8 @@ SHARDED_SETTINGS = settings(MODEL_SETTINGS, max_examples=30)
 order_ids = st.one_of(st.integers(1, 99), st.integers(100, 999_999), st.integers(2**62, 2**63 - 1))
 
 Answer = Reservation | HoldTransition | PaymentSettlement | Outcome | ErrorCode
-# A payment id's recorded answer: (order id, succeeded, outcome, release reason).
-PaymentRecord = tuple[int, bool, Outcome, ReleaseReason | None]
+# A payment id's recorded answer: (order id, succeeded, outcome, reason).
+PaymentRecord = tuple[int, bool, Outcome, ReleaseReason | RefundReason | None]
 T = TypeVar("T")
 
 
@@ -142,30 +142,27 @@ class ItemModel:
         self.holds[hold.order_id] = replace(hold, state=HoldState.RELEASED, reason=reason)
         self.journal.append(("released", str(hold.order_id), reason.value))
 
-    def pay(self, hold: Hold, now: int) -> HoldTransition:
-        """A payment succeeded (confirm and a succeeded notice): pay_hold of _holds.lua."""
+    def pay(self, hold: Hold, payment_id: str, now: int) -> PaymentSettlement:
+        """A payment succeeded: pay() of settle_payment.lua. Every charge that pays nothing is a
+        refund owed, journaled once per payment id."""
         if hold.state is HoldState.PAID:
-            return HoldTransition(Outcome.ALREADY_PAID)
+            return self._refund(hold, payment_id, RefundReason.DUPLICATE_CHARGE)
         if hold.state is HoldState.HELD and now >= hold.deadline_ms:
             self._release(hold, ReleaseReason.EXPIRED)
             hold = self.holds[hold.order_id]
         if hold.state is HoldState.RELEASED:
             assert hold.reason is not None
-            if not hold.refund_required:
-                self.holds[hold.order_id] = replace(hold, refund_required=True)
-                self.journal.append(("refund_required", str(hold.order_id), hold.reason.value))
-            return HoldTransition(Outcome.REFUND_REQUIRED, hold.reason)
+            self.holds[hold.order_id] = replace(hold, refund_required=True)
+            return self._refund(hold, payment_id, RefundReason(hold.reason.value))
         self.held -= hold.quantity
         self.sold += hold.quantity
-        self.holds[hold.order_id] = replace(hold, state=HoldState.PAID)
+        self.holds[hold.order_id] = replace(hold, state=HoldState.PAID, payment_id=payment_id)
         self.journal.append(("paid", str(hold.order_id), ""))
-        return HoldTransition(Outcome.PAID)
+        return PaymentSettlement(Outcome.PAID)
 
-    def confirm(self, order_id: int, now: int) -> HoldTransition:
-        hold = self.holds.get(order_id)
-        if hold is None:
-            return HoldTransition(Outcome.UNKNOWN_ORDER)
-        return self.pay(hold, now)
+    def _refund(self, hold: Hold, payment_id: str, reason: RefundReason) -> PaymentSettlement:
+        self.journal.append(("refund_required", str(hold.order_id), reason.value))
+        return PaymentSettlement(Outcome.REFUND_REQUIRED, reason)
 
     def settle_payment(
         self, order_id: int, payment_id: str, succeeded: bool, now: int
@@ -179,17 +176,18 @@ class ItemModel:
         hold = self.holds.get(order_id)
         if hold is None:
             return PaymentSettlement(Outcome.UNKNOWN_ORDER)  # and not recorded
+        answer: PaymentSettlement
         if succeeded:
-            answer = self.pay(hold, now)
+            answer = self.pay(hold, payment_id, now)
         elif hold.state is HoldState.PAID:
-            answer = HoldTransition(Outcome.ALREADY_PAID)
+            answer = PaymentSettlement(Outcome.ALREADY_PAID)
         elif hold.state is HoldState.RELEASED:
-            answer = HoldTransition(Outcome.ALREADY_RELEASED, hold.reason)
+            answer = PaymentSettlement(Outcome.ALREADY_RELEASED, hold.reason)
         else:
             self._release(hold, ReleaseReason.PAYMENT_FAILED)
-            answer = HoldTransition(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
+            answer = PaymentSettlement(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
         self.payments[payment_id] = (order_id, succeeded, answer.outcome, answer.reason)
-        return PaymentSettlement(answer.outcome, answer.reason)
+        return answer
 
     def release(self, order_id: int, reason: ReleaseReason) -> HoldTransition:
         hold = self.holds.get(order_id)
@@ -418,11 +416,6 @@ class EngineModel(RuleBasedStateMachine):
         expected = self.items[item_id].reserve(buyer, key, quantity, order_id, self.clock())
         assert got == expected, f"replay: engine {got!r}, model {expected!r}"
 
-    def check_confirm(self, item_id: int, order_id: int) -> None:
-        expected = self.items[item_id].confirm(order_id, self.clock())
-        got = self.call(item_id, self.engine.confirm(item_id, order_id))
-        assert got == expected, f"confirm {order_id}: engine {got!r}, model {expected!r}"
-
     def check_settle_payment(
         self, item_id: int, order_id: int, payment_id: str, succeeded: bool
     ) -> None:
@@ -461,14 +454,6 @@ class EngineModel(RuleBasedStateMachine):
             for shard in range(self.stock_shards)
             for order_id in await self.engine.expire_due(item_id, limit=10_000, shard=shard)
         ]
-
-    @rule(data=st.data(), retried=st.booleans())
-    def confirm(self, data: st.DataObject, retried: bool) -> None:
-        """A payment callback; ``retried``: the provider sends it twice."""
-        item_id, model = self.draw_item(data)
-        order_id = self.draw_order_id(data, model)
-        for _ in range(1 + retried):
-            self.check_confirm(item_id, order_id)
 
     @rule(
         data=st.data(),
@@ -543,16 +528,13 @@ class EngineModel(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         offset=st.sampled_from([-1, 0, 1]),
-        payment_id=st.sampled_from([None, *PAYMENT_IDS]),
+        payment_id=st.sampled_from(PAYMENT_IDS),
     )
-    def pay_at_deadline(self, data: st.DataObject, offset: int, payment_id: str | None) -> None:
+    def pay_at_deadline(self, data: st.DataObject, offset: int, payment_id: str) -> None:
         """The payment lands on the deadline: 1 ms before pays, the deadline itself is late (a
-        refund). By confirm, or by a provider's notice when there is a payment id."""
+        refund owed)."""
         item_id, hold = self.land_on_deadline(data, offset)
-        if payment_id is None:
-            self.check_confirm(item_id, hold.order_id)
-        else:
-            self.check_settle_payment(item_id, hold.order_id, payment_id, True)
+        self.check_settle_payment(item_id, hold.order_id, payment_id, True)
 
     @precondition(any_held)
     @rule(data=st.data(), offset=st.sampled_from([-1, 0, 1]), limit=st.integers(1, 4))
@@ -601,7 +583,7 @@ class EngineModel(RuleBasedStateMachine):
                     int(p["order_id"]),
                     p["succeeded"],
                     Outcome(p["outcome"]),
-                    ReleaseReason(p["reason"]) if "reason" in p else None,
+                    _reason(Outcome(p["outcome"]), p.get("reason")),
                 )
                 for payment_id, p in payments.items()
             },
@@ -634,6 +616,12 @@ class EngineModel(RuleBasedStateMachine):
                 for (buyer, key), record in model.keys.items()
             }, f"item {item_id} idempotency records"
             assert seen.payments == model.payments, f"item {item_id} payment records"
+
+
+def _reason(outcome: Outcome, reason: str | None) -> ReleaseReason | RefundReason | None:
+    if reason is None:
+        return None
+    return RefundReason(reason) if outcome is Outcome.REFUND_REQUIRED else ReleaseReason(reason)
 
 
 def test_engine_matches_model(redis_server: RedisTarget) -> None:
@@ -696,15 +684,15 @@ async def test_deadline_edges_pinned(timed_engine: RedisEngine, clock: ManualClo
     reaped = model.expire_due(clock(), 3)
     assert reaped == [10, 123, 2**62]  # "10" < "123" < "4611686018427387904" < "9"
     assert await timed_engine.expire_due(1, limit=3) == reaped
-    paid_late = model.confirm(9, clock())
-    assert paid_late == HoldTransition(Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
-    assert await timed_engine.confirm(1, 9) == paid_late
+    paid_late = model.settle_payment(9, "pay-9", True, clock())
+    assert paid_late == PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason.EXPIRED)
+    assert await pay(timed_engine, 1, 9, "pay-9") == paid_late
 
     clock.advance(998)  # 1 ms before order 77's deadline
     assert (
-        await timed_engine.confirm(1, 77)
-        == model.confirm(77, clock())
-        == HoldTransition(Outcome.PAID)
+        await pay(timed_engine, 1, 77, "pay-77")
+        == model.settle_payment(77, "pay-77", True, clock())
+        == PaymentSettlement(Outcome.PAID)
     )
     assert all(check.ok for check in await audit_item(timed_engine, 1))
     assert await timed_engine.stock(1) == model.stock()

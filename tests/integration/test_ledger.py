@@ -30,7 +30,7 @@ from seckill.reconcile.records import compare_records
 from seckill.store.database import is_transient, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Base, Inventory, Order
-from tests.conftest import ManualClock, new_item
+from tests.conftest import ManualClock, new_item, pay
 
 _positions = itertools.count(1)
 
@@ -208,7 +208,7 @@ async def test_a_refund_lands_in_any_order_as_refund_required(
         await timed_engine.release(item_id, 7, ReleaseReason.CANCELLED)
     else:
         clock.advance(1_000)
-    paid_late = await timed_engine.confirm(item_id, 7)
+    paid_late = await pay(timed_engine, item_id, 7)
     reason = ReleaseReason.CANCELLED if late == "after a cancel" else ReleaseReason.EXPIRED
     assert (paid_late.outcome, paid_late.reason) == (Outcome.REFUND_REQUIRED, reason)
 

@@ -1,27 +1,33 @@
-"""Payments against a real Redis: late payments become refunds, provider notices apply once.
+"""Payments against a real Redis: every charge ends as a sale or a refund owed, once per payment
+id; a payment id belongs to one order of its item, whatever the timing and the shards.
 
-One Redis version is enough here: the scripts use nothing that differs between 6.2 and 7, and
-test_engine_model.py drives confirm and settle_payment on both.
+Most rules are one script's and one Redis version checks them (test_engine_model.py drives
+settle_payment on 6.2, 7 and a cluster). The races run on every variant: two notices at once,
+on one shard or on two.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
 
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import HoldState, PaymentSettlement
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.shards import home_shard
 from seckill.engine.audit import audit_item
+from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from tests.conftest import ManualClock, open_item
+from tests.conftest import ManualClock, open_item, pay
 
 pytestmark = pytest.mark.redis_variants("redis7")
+EVERY_VARIANT = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 ids = OrderIds(6)
 
@@ -38,7 +44,17 @@ async def journal(engine: RedisEngine) -> list[str]:
     return [fields["event"] for _, fields in await engine.events(1)]
 
 
-async def payments(redis: Redis, engine: RedisEngine) -> dict[str, dict[str, Any]]:
+async def refunds(engine: RedisEngine) -> list[dict[str, str]]:
+    """The `refund_required` events of every shard, without their times."""
+    return [
+        {k: v for k, v in fields.items() if k != "at_ms"}
+        for keys in await engine.shard_keys(1)
+        for _, fields in await engine.events(1, keys.shard)
+        if fields["event"] == "refund_required"
+    ]
+
+
+async def payments(redis: RedisClient, engine: RedisEngine) -> dict[str, dict[str, Any]]:
     raw = cast(dict[str, str], await redis.hgetall(engine.keys(1).payments))
     return {payment_id: json.loads(record) for payment_id, record in raw.items()}
 
@@ -60,26 +76,29 @@ async def assert_audit_passes(engine: RedisEngine) -> None:
     assert not failed, failed
 
 
-async def test_a_payment_after_a_cancel_requires_one_refund(engine: RedisEngine) -> None:
+async def test_a_payment_after_a_cancel_is_one_refund_owed(engine: RedisEngine) -> None:
     await engine.load_item(open_item(total=2, limit=2))
     order_id = await hold_one(engine, quantity=2)
     await engine.release(1, order_id, ReleaseReason.CANCELLED)
     stock_after_release = await engine.stock(1)
 
-    answers = [await engine.confirm(1, order_id) for _ in range(3)]
+    answers = [await pay(engine, 1, order_id) for _ in range(3)]  # the provider retries
     assert {(a.outcome, a.reason) for a in answers} == {
-        (Outcome.REFUND_REQUIRED, ReleaseReason.CANCELLED)
+        (Outcome.REFUND_REQUIRED, RefundReason.CANCELLED)
     }
+    assert [a.replayed for a in answers] == [False, True, True]
     assert await journal(engine) == ["loaded", "reserved", "released", "refund_required"]
-    _, refund = (await engine.events(1))[-1]
-    assert {k: v for k, v in refund.items() if k != "at_ms"} == {
-        "event": "refund_required",
-        "item_id": "1",
-        "order_id": str(order_id),
-        "buyer": "alice",
-        "quantity": "2",
-        "reason": "cancelled",
-    }
+    assert await refunds(engine) == [
+        {
+            "event": "refund_required",
+            "item_id": "1",
+            "order_id": str(order_id),
+            "buyer": "alice",
+            "quantity": "2",
+            "reason": "cancelled",
+            "payment_id": f"pay-{order_id}",
+        }
+    ]
     hold = await engine.hold(1, order_id)
     assert hold is not None
     assert (hold.state, hold.reason, hold.refund_required) == (
@@ -91,15 +110,121 @@ async def test_a_payment_after_a_cancel_requires_one_refund(engine: RedisEngine)
     await assert_audit_passes(engine)
 
 
-async def test_a_payment_past_the_deadline_releases_once_and_requires_a_refund(
+async def test_two_charges_for_a_released_order_are_two_refunds_owed(
+    engine: RedisEngine,
+) -> None:
+    await engine.load_item(open_item(total=1))
+    order_id = await hold_one(engine)
+    await engine.release(1, order_id, ReleaseReason.CANCELLED)
+    for payment_id in ("charge-1", "charge-2", "charge-1", "charge-2"):
+        answer = await pay(engine, 1, order_id, payment_id)
+        assert (answer.outcome, answer.reason) == (Outcome.REFUND_REQUIRED, RefundReason.CANCELLED)
+    owed = await refunds(engine)
+    assert [(r["payment_id"], r["reason"]) for r in owed] == [
+        ("charge-1", "cancelled"),
+        ("charge-2", "cancelled"),
+    ]
+    assert await engine.stock(1) == Stock(1, 1, 0, 0)
+    await assert_audit_passes(engine)
+
+
+async def test_a_second_charge_for_a_paid_order_is_a_refund_owed_once(
+    engine: RedisEngine, redis: Redis
+) -> None:
+    """The buyer who double-clicks "pay": the provider charged twice; the order stays paid by
+    the first, and the second is owed back, however often the provider repeats it."""
+    await engine.load_item(open_item(total=3))
+    order_id = await hold_one(engine)
+    assert await pay(engine, 1, order_id, "pay-A") == PaymentSettlement(Outcome.PAID)
+    answers = [await pay(engine, 1, order_id, "pay-B") for _ in range(3)]
+    assert answers == [
+        PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason.DUPLICATE_CHARGE, replayed=r)
+        for r in (False, True, True)
+    ]
+    hold = await engine.hold(1, order_id)
+    assert hold is not None
+    assert (hold.state, hold.payment_id, hold.refund_required) == (HoldState.PAID, "pay-A", False)
+    assert await journal(engine) == ["loaded", "reserved", "paid", "refund_required"]
+    [owed] = await refunds(engine)
+    assert (owed["payment_id"], owed["reason"], owed["order_id"]) == (
+        "pay-B",
+        "duplicate_charge",
+        str(order_id),
+    )
+    assert await engine.stock(1) == Stock(3, 2, 0, 1)  # sold once
+    assert (await payments(redis, engine))["pay-B"] == {
+        "order_id": str(order_id),
+        "succeeded": True,
+        "outcome": "refund_required",
+        "reason": "duplicate_charge",
+    }
+    await assert_audit_passes(engine)
+
+
+@EVERY_VARIANT
+async def test_two_simultaneous_charges_for_one_order_are_a_sale_and_a_refund(
+    engine: RedisEngine,
+) -> None:
+    await engine.load_item(open_item(total=50, stock_shards=1))
+    for trial in range(10):
+        order_id = await hold_one(engine, buyer=f"buyer-{trial}")
+        answers = await asyncio.gather(
+            pay(engine, 1, order_id, f"click-{trial}-1"),
+            pay(engine, 1, order_id, f"click-{trial}-2"),
+        )
+        assert sorted(a.outcome for a in answers) == [Outcome.PAID, Outcome.REFUND_REQUIRED]
+        assert {a.reason for a in answers} == {None, RefundReason.DUPLICATE_CHARGE}
+    assert len(await refunds(engine)) == 10
+    await assert_audit_passes(engine)
+
+
+@EVERY_VARIANT
+@pytest.mark.parametrize("homes", ["two other shards", "the head and another"])
+async def test_one_payment_id_for_orders_on_two_shards_pays_one(
+    engine: RedisEngine, homes: str
+) -> None:
+    """Two signed successes with one new payment id, for orders whose buyers live on different
+    shards, sent at the same moment: exactly one pays, the other is refused, and each one's
+    retries get its own first answer."""
+    await engine.load_item(open_item(total=200, stock_shards=4))
+    buyers_of: dict[int, list[str]] = {shard: [] for shard in range(4)}
+    for n in range(400):
+        buyers_of[home_shard(f"b{n}", 4)].append(f"b{n}")
+    shards = (1, 2) if homes == "two other shards" else (0, 3)
+    for trial in range(30):
+        first, second = [await hold_one(engine, buyer=buyers_of[shard][trial]) for shard in shards]
+        payment_id = f"pay-{trial}"
+        answers = await asyncio.gather(
+            pay(engine, 1, first, payment_id),
+            pay(engine, 1, second, payment_id),
+            return_exceptions=True,
+        )
+        paid = [order for order, a in zip((first, second), answers, strict=True)
+                if isinstance(a, PaymentSettlement)]  # fmt: skip
+        refused = [a for a in answers if isinstance(a, InvalidRequest)]
+        assert len(paid) == 1 and len(refused) == 1, answers
+        assert refused[0].code is ErrorCode.PAYMENT_ID_REUSED
+        [winner] = paid
+        loser = second if winner == first else first
+        again = await pay(engine, 1, winner, payment_id)
+        assert (again.outcome, again.replayed) == (Outcome.PAID, True)
+        with pytest.raises(InvalidRequest) as still:
+            await pay(engine, 1, loser, payment_id)
+        assert still.value.code is ErrorCode.PAYMENT_ID_REUSED
+        hold = await engine.hold(1, loser)
+        assert hold is not None and hold.state is HoldState.HELD  # the refusal wrote nothing
+    await assert_audit_passes(engine)
+
+
+async def test_a_payment_past_the_deadline_releases_once_and_is_owed_back(
     timed_engine: RedisEngine, clock: ManualClock
 ) -> None:
     await timed_engine.load_item(open_item(total=1, hold_ms=1_000))
     order_id = await hold_one(timed_engine)
     clock.advance(1_000)  # the deadline itself is late; the reaper has not run yet
 
-    late = await timed_engine.confirm(1, order_id)
-    assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
+    late = await pay(timed_engine, 1, order_id)
+    assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, RefundReason.EXPIRED)
     events = await timed_engine.events(1)
     assert [(f["event"], f.get("reason")) for _, f in events] == [
         ("loaded", None),
@@ -107,8 +232,12 @@ async def test_a_payment_past_the_deadline_releases_once_and_requires_a_refund(
         ("released", "expired"),
         ("refund_required", "expired"),
     ]
-    again = await timed_engine.confirm(1, order_id)
-    assert (again.outcome, again.reason) == (Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
+    again = await pay(timed_engine, 1, order_id)
+    assert (again.outcome, again.reason, again.replayed) == (
+        Outcome.REFUND_REQUIRED,
+        RefundReason.EXPIRED,
+        True,
+    )
     assert await timed_engine.expire_due(1) == []
     assert await timed_engine.events(1) == events  # nothing more written
     assert await timed_engine.stock(1) == Stock(1, 1, 0, 0)  # back once, never sold
@@ -134,6 +263,8 @@ async def test_a_succeeded_notice_pays_and_its_repeat_is_a_replay(
     assert await payments(redis, engine) == {
         "pay-1": {"order_id": str(order_id), "succeeded": True, "outcome": "paid"}
     }
+    paid = await engine.events(1)
+    assert paid[-1][1]["payment_id"] == "pay-1"  # the sale names its payment
     await assert_audit_passes(engine)
 
 
@@ -193,23 +324,15 @@ async def test_an_unknown_order_is_answered_and_not_recorded(
     await assert_audit_passes(engine)
 
 
-async def test_a_failure_then_a_success_requires_a_refund(
-    engine: RedisEngine, redis: Redis
-) -> None:
+async def test_a_failure_then_a_success_is_a_refund_owed(engine: RedisEngine, redis: Redis) -> None:
     """Two attempts whose notices arrive out of order: the failed one first releases the hold,
-    so the successful one cannot sell it any more."""
+    so the successful one cannot sell it any more: its money goes back."""
     await engine.load_item(open_item(total=1))
     order_id = await hold_one(engine)
     failed = await engine.settle_payment(1, order_id, payment_id="try-2", succeeded=False)
     assert failed == PaymentSettlement(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
     paid = await engine.settle_payment(1, order_id, payment_id="try-1", succeeded=True)
-    assert paid == PaymentSettlement(Outcome.REFUND_REQUIRED, ReleaseReason.PAYMENT_FAILED)
-    # confirm and settle_payment share the decision: the refund is journaled once between them.
-    confirmed = await engine.confirm(1, order_id)
-    assert (confirmed.outcome, confirmed.reason) == (
-        Outcome.REFUND_REQUIRED,
-        ReleaseReason.PAYMENT_FAILED,
-    )
+    assert paid == PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason.PAYMENT_FAILED)
     assert await journal(engine) == ["loaded", "reserved", "released", "refund_required"]
     hold = await engine.hold(1, order_id)
     assert hold is not None and hold.refund_required and hold.state is HoldState.RELEASED
@@ -233,17 +356,20 @@ async def test_a_success_then_a_failure_stays_paid(engine: RedisEngine) -> None:
     await assert_audit_passes(engine)
 
 
-async def test_a_succeeded_notice_past_the_deadline_requires_a_refund(
-    timed_engine: RedisEngine, clock: ManualClock
+async def test_a_planted_payment_on_two_orders_is_found_and_named(
+    engine: RedisEngine, redis: Redis
 ) -> None:
-    await timed_engine.load_item(open_item(total=1, hold_ms=1_000))
-    order_id = await hold_one(timed_engine)
-    clock.advance(1_500)
-    late = await timed_engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=True)
-    assert late == PaymentSettlement(Outcome.REFUND_REQUIRED, ReleaseReason.EXPIRED)
-    assert await journal(timed_engine) == ["loaded", "reserved", "released", "refund_required"]
-    assert await timed_engine.stock(1) == Stock(1, 1, 0, 0)
-    await assert_audit_passes(timed_engine)
+    await engine.load_item(open_item(total=3))
+    first, second = await hold_one(engine, "alice"), await hold_one(engine, "bob")
+    await pay(engine, 1, first, "pay-1")
+    await pay(engine, 1, second, "pay-2")
+    # A record edited by hand: pay-2 now says it paid the first order.
+    record = {"order_id": str(first), "succeeded": True, "outcome": "paid"}
+    await redis.hset(engine.keys(1).payments, "pay-2", json.dumps(record))
+    failed = {c.name: c.detail for c in await audit_item(engine, 1) if not c.ok}
+    assert list(failed) == ["every charge accounted for"]
+    assert "pay-2" in failed["every charge accounted for"]
+    assert str(first) in failed["every charge accounted for"]
 
 
 @pytest.mark.parametrize(

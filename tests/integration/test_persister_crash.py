@@ -34,7 +34,7 @@ from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order, StockFlow
-from tests.conftest import new_item
+from tests.conftest import new_item, pay
 from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
 from tests.polling import wait_until
 
@@ -151,7 +151,7 @@ async def run_load(sale: Sale, kills_done: asyncio.Event, rng: random.Random) ->
     async def settle(order_id: int) -> None:
         buyer, quantity, _ = load.told[order_id]
         if rng.random() < 0.6:
-            answer = await sale.engine.confirm(sale.item_id, order_id)
+            answer = await pay(sale.engine, sale.item_id, order_id)
             assert answer.outcome is Outcome.PAID
             load.told[order_id] = (buyer, quantity, HoldState.PAID)
         else:

@@ -24,7 +24,7 @@ from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
-from tests.conftest import new_item, redis7_binary
+from tests.conftest import new_item, pay, redis7_binary
 from tests.integration.test_durability import free_port
 from tests.tcp_proxy import TcpProxy
 
@@ -88,7 +88,7 @@ async def test_2000_reservations_paid_and_released_land_one_to_one(sale: Sale) -
     for order_id in held:
         fate = rng.random()
         if fate < 0.5:
-            await sale.engine.confirm(sale.item_id, order_id)
+            await pay(sale.engine, sale.item_id, order_id)
         elif fate < 0.8:
             await sale.engine.release(sale.item_id, order_id, ReleaseReason.CANCELLED)
     await drain(sale)
@@ -125,7 +125,7 @@ async def test_many_items_land_through_persisters_sharing_the_group(
     assert len(held) == 400 + len(quiet)
     for item_id, order_id in held:
         if rng.random() < 0.5:
-            await engine.confirm(item_id, order_id)
+            await pay(engine, item_id, order_id)
         else:
             await engine.release(item_id, order_id, ReleaseReason.CANCELLED)
 
@@ -188,7 +188,7 @@ async def test_entries_delivered_1_to_5_times_land_once(sale: Sale) -> None:
         order_id = await sale.buy(f"b{n}")
         assert order_id
         if n % 3 == 0:
-            await sale.engine.confirm(sale.item_id, order_id)
+            await pay(sale.engine, sale.item_id, order_id)
         elif n % 3 == 1:
             await sale.engine.release(sale.item_id, order_id, ReleaseReason.EXPIRED)
     stream = sale.engine.keys(sale.item_id).events

@@ -25,7 +25,7 @@ from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order
-from tests.conftest import new_item, redis7_binary
+from tests.conftest import new_item, pay, redis7_binary
 from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_reconcile import assert_invariants
 
@@ -53,7 +53,7 @@ async def trade(sale: Sale, rng: random.Random, buyers: range, open_holds: list[
     for _ in range(len(open_holds) // 2):
         order_id = open_holds.pop()
         if rng.random() < 0.7:
-            await sale.engine.confirm(sale.item_id, order_id)
+            await pay(sale.engine, sale.item_id, order_id)
         else:
             await sale.engine.release(sale.item_id, order_id, ReleaseReason.CANCELLED)
 

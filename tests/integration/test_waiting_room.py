@@ -26,7 +26,7 @@ from seckill.engine.engine import RedisEngine
 from seckill.engine.queues import DRAW_BELOW, Queues
 from seckill.workers.inlet import Inlet
 from seckill.workers.loop import run_until_stopped
-from tests.conftest import ManualClock, RedisTarget, open_item
+from tests.conftest import ManualClock, RedisTarget, open_item, pay
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
@@ -176,7 +176,7 @@ async def test_sold_out_ends_every_wait_and_returned_units_resume_it(
     assert front is not None and not front.sold_out  # a hold may come back
     assert standing(3, front, clock.now_ms).state is QueueState.WAITING
 
-    await timed_engine.confirm(1, 7)
+    await pay(timed_engine, 1, 7)
     front = await queues.front(1)
     assert front is not None and front.sold_out
     assert {standing(p, front, clock.now_ms).state for p in (1, 2, 3)} == {QueueState.SOLD_OUT}

@@ -35,7 +35,7 @@ def test_a_bearer_token_is_read_as_the_framework_reads_it(authorization: str | N
         (b"", None, 1),
         (b'{"quantity": 3}', b"application/json", 3),
         (b'{"quantity": 3}', None, 3),
-        (b'{"quantity": "3"}', b"application/json; charset=utf-8", 3),
+        (b'{"quantity": 3}', b"application/json; charset=utf-8", 3),
         (b"{}", b"application/vnd.seckill+json", 1),
     ],
 )
@@ -49,8 +49,13 @@ def test_bodies_that_buy(body: bytes, content_type: bytes | None, quantity: int)
         (b'{"quantity": 0}', None, "body.quantity: Input should be greater than or equal to 1"),
         (b'{"quantity": 1.5}', None, "body.quantity"),
         (b'{"quantity": null}', None, "body.quantity"),
+        # Strict: a JSON integer, and each key once (a first-key reader would buy 1).
+        (b'{"quantity": "3"}', None, "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": true}', None, "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": 1.0}', None, "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": 1, "quantity": 3}', None, "body.quantity: given twice"),
         (b'{"quantity": 1, "price": 0}', None, "body.price: Extra inputs are not permitted"),
-        (b"[1, 2]", None, "body: Input should be an object"),
+        (b"[1, 2]", None, "body: Input should be a valid dictionary"),
         (b"{not json", None, "body: not valid JSON"),
         (b"\xff{}", None, "body: not valid JSON"),
         (b"[" * 5000 + b"]" * 5000, None, "body: not valid JSON"),

@@ -12,7 +12,7 @@ from seckill.domain.events import (
     TRANSFERS,
     BadEvent,
     EventKind,
-    ReleaseReason,
+    RefundReason,
     StockEvent,
     decode_event,
 )
@@ -48,6 +48,7 @@ ENTRIES: dict[EventKind, dict[str, str]] = {
         "order_id": str(ORDER_ID),
         "buyer": "buyer-1",
         "quantity": "2",
+        "payment_id": "pay-1",
         "at_ms": str(AT_MS + 1),
     },
     EventKind.RELEASED: {
@@ -66,6 +67,7 @@ ENTRIES: dict[EventKind, dict[str, str]] = {
         "buyer": "buyer-1",
         "quantity": "2",
         "reason": "expired",
+        "payment_id": "pay-2",
         "at_ms": str(AT_MS + 3),
     },
 }
@@ -95,6 +97,7 @@ FIELDS = [
     "stream",
     "entry_id",
     "shard",
+    "payment_id",  # added within version 1, at the end
 ]
 
 
@@ -108,7 +111,7 @@ def test_the_schema_is_versioned_and_its_fields_pinned() -> None:
     assert schema["properties"]["order_id"]["type"] == "string"  # 64-bit: a decimal string
     assert set(schema["properties"]["event"]["enum"]) == {k.value for k in ROUTING_KEYS}
     reasons = schema["properties"]["reason"]["anyOf"][0]["enum"]
-    assert set(reasons) == {r.value for r in ReleaseReason}  # a new reason joins the schema
+    assert set(reasons) == {r.value for r in RefundReason}  # a new reason joins the schema
     for kind in ENTRIES:
         assert list(body_of(kind)) == FIELDS
 
@@ -162,6 +165,7 @@ def test_a_reserved_event_as_a_message() -> None:
         "stream": "seckill:{item:42}:events",
         "entry_id": f"{AT_MS}-7",
         "shard": 0,
+        "payment_id": None,
     }
 
 
@@ -177,6 +181,7 @@ def test_the_other_order_events(kind: EventKind, reason: str | None) -> None:
     body = body_of(kind)
     assert body["event"] == kind.value
     assert body["reason"] == reason
+    assert body["payment_id"] == ENTRIES[kind].get("payment_id")
     assert body["deadline"] is body["deadline_ms"] is body["request_id"] is None
     assert (body["order_id"], body["buyer"], body["quantity"]) == (str(ORDER_ID), "buyer-1", 2)
 

@@ -8,7 +8,14 @@ import pytest
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.outcomes import ErrorCode, Outcome
-from seckill.engine.scripts import HOLD_SCRIPTS, ITEM_SCRIPTS, LUA_DIR, QUEUE_SCRIPTS, ScriptName
+from seckill.engine.scripts import (
+    HOLD_SCRIPTS,
+    ITEM_SCRIPTS,
+    LUA_DIR,
+    PAYMENT_SCRIPTS,
+    QUEUE_SCRIPTS,
+    ScriptName,
+)
 
 # Validated by Python alone: the key's text only reaches Redis inside a key name; whether an
 # item is archived, or settled, is SQL's to say.
@@ -42,7 +49,7 @@ def body_codes(source: str) -> tuple[set[str], set[str]]:
     return replies, errors
 
 
-HELPER_FILES = ("_common", "_holds", "_queue")
+HELPER_FILES = ("_common", "_holds", "_payments", "_queue")
 DECIDING_SCRIPTS = ITEM_SCRIPTS | QUEUE_SCRIPTS  # the ones that reply with outcomes
 
 
@@ -80,17 +87,23 @@ def script_codes(name: str) -> tuple[set[str], set[str]]:
 
 def test_the_shared_helpers_are_found() -> None:
     helpers = common_helpers()
-    assert {"release_hold", "pay_hold"} <= helpers.keys()
-    assert body_codes(helpers["pay_hold"])[0] == {"already_paid", "refund_required", "paid"}
+    assert {"release_hold", "notice_args", "recorded_payment"} <= helpers.keys()
+    assert body_codes(helpers["recorded_payment"])[1] == {"payment_id_reused"}
 
 
-def test_scripts_are_sent_with_the_helpers_they_use() -> None:
-    holds = (LUA_DIR / "_holds.lua").read_text()
-    names = {*re.findall(r"^local function (\w+)\(", holds, re.M), "RELEASE_REASONS"}
+@pytest.mark.parametrize(
+    ("helper_file", "scripts", "extra"),
+    [("_holds", HOLD_SCRIPTS, {"RELEASE_REASONS"}), ("_payments", PAYMENT_SCRIPTS, set())],
+)
+def test_scripts_are_sent_with_the_helpers_they_use(
+    helper_file: str, scripts: frozenset[ScriptName], extra: set[str]
+) -> None:
+    text = (LUA_DIR / f"{helper_file}.lua").read_text()
+    names = {*re.findall(r"^local function (\w+)\(", text, re.M), *extra}
     for name in ScriptName:
         source = (LUA_DIR / f"{name}.lua").read_text()
         used = {n for n in names if re.search(rf"\b{n}\b", source)}
-        assert not used or name in HOLD_SCRIPTS, f"{name}.lua uses {used} of _holds.lua"
+        assert not used or name in scripts, f"{name}.lua uses {used} of {helper_file}.lua"
 
 
 @pytest.mark.parametrize("name", sorted(DECIDING_SCRIPTS))
@@ -102,12 +115,13 @@ def test_each_script_replies_only_what_its_header_declares(name: ScriptName) -> 
     assert declared_errors, f"{name}.lua declares no errors"
 
 
-@pytest.mark.parametrize("name", [ScriptName.CONFIRM, ScriptName.SETTLE_PAYMENT])
-def test_paying_scripts_share_one_decision(name: ScriptName) -> None:
-    """confirm and settle_payment decide a successful payment in one place: pay_hold."""
+@pytest.mark.parametrize("name", sorted(PAYMENT_SCRIPTS))
+def test_notice_scripts_share_one_rule_for_payment_ids(name: ScriptName) -> None:
+    """settle_payment and claim_payment read a notice and its payment id's record in one place:
+    a payment id belongs to one order and result, on the item's head as on a shard."""
     source = (LUA_DIR / f"{name}.lua").read_text()
-    assert re.search(r"\bpay_hold\(", source)
-    assert '{ "paid" }' not in source and "HINCRBY" not in source
+    assert re.search(r"\bnotice_args\(", source) and re.search(r"\brecorded_payment\(", source)
+    assert "payment_id_reused" not in source.split("\n\n", 1)[1]  # only in its header
 
 
 def test_the_shared_refusals_are_declared_codes() -> None:

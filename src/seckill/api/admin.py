@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from seckill.api.auth import AdminIdentity
+from seckill.api.bodies import body_schema, strict_body
 from seckill.api.buyers import item_out
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
@@ -43,9 +44,15 @@ Ctx = Annotated[Context, Depends(context)]
 
 
 @router.post(
-    "/items", status_code=201, response_model=ItemOut, responses=documented(401, 403, 413, 422, 503)
+    "/items",
+    status_code=201,
+    response_model=ItemOut,
+    responses=documented(401, 403, 413, 422, 503),
+    openapi_extra=body_schema(NewItemIn),
 )
-async def create_item(body: NewItemIn, _: AdminIdentity, ctx: Ctx) -> ItemOut:
+async def create_item(
+    _: AdminIdentity, body: Annotated[NewItemIn, Depends(strict_body(NewItemIn))], ctx: Ctx
+) -> ItemOut:
     """Put an item in the record (SQL). It goes on sale once warmed."""
     item_id = await create_item_service(
         ctx.runtime.ledger, ctx.item_cache, ctx.runtime.settings,

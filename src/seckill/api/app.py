@@ -18,6 +18,7 @@ from seckill.api import (
     metrics,
     payments,
     queue,
+    refunds,
     tickets,
     waiting_page,
 )
@@ -76,7 +77,9 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    routers = (buyers, tickets, queue, admin, payments, health, metrics, dashboard, waiting_page)
+    routers = (
+        buyers, tickets, queue, admin, refunds, payments, health, metrics, dashboard, waiting_page
+    )  # fmt: skip
     for module in routers:
         app.include_router(module.router)
     # The other routes' layers; the lean routes do the same for themselves.

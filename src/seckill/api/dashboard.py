@@ -41,10 +41,18 @@ class DashboardItem(BaseModel):
         description="Entries the persister gave up on, not replayed; null if SQL did not answer."
     )
     queue: QueueOut | None = Field(description="Its waiting room; null if nobody joined.")
+    refunds_owed: RefundsOwedOut | None = Field(
+        description="Charges that paid nothing, not yet given back; null if SQL did not answer."
+    )
     sinks: dict[str, int] = Field(
         description="Backlog of every other consumer group of its streams (a bridge to a "
         "broker, e.g. bridge-nats): entries its sink does not have yet."
     )
+
+
+class RefundsOwedOut(BaseModel):
+    count: int
+    amount_cents: int
 
 
 class QueueOut(BaseModel):
@@ -105,9 +113,9 @@ ItemQuery = Annotated[
     responses=documented(401, 403, 422, 503),
 )
 async def dashboard_data(_: AdminIdentity, ctx: Ctx, item: ItemQuery = None) -> DashboardOut:
-    """One snapshot for the dashboard: per item the counters in Redis, the stream backlog and
-    the dead letters; this process's request counters and the reaper's and reconciler's
-    last pass."""
+    """One snapshot for the dashboard: per item the counters in Redis, the stream backlog, the
+    dead letters and the refunds owed; this process's request counters and the reaper's and
+    reconciler's last pass."""
     runtime = ctx.runtime
     return _out(await take_snapshot(runtime.engine, runtime.ledger, item))
 
@@ -150,6 +158,11 @@ def _out(snapshot: DashboardSnapshot) -> DashboardOut:
                 pending=view.persister.pending,
                 lag=view.persister.lag,
                 dead_letters=view.dead_letters,
+                refunds_owed=None
+                if view.refunds_owed is None
+                else RefundsOwedOut(
+                    count=view.refunds_owed.count, amount_cents=view.refunds_owed.amount_cents
+                ),
                 sinks=view.sinks,
                 queue=None
                 if view.queue is None

@@ -32,6 +32,7 @@ from seckill.security.tokens import InvalidToken
 from seckill.services.items import UnknownItem
 from seckill.services.orders import OrderNotFound
 from seckill.services.purchases import RequestInFlight
+from seckill.services.refunds import RefundNotFound
 from seckill.services.tickets import GateRefused, SaleClosed
 from seckill.store.database import is_transient
 
@@ -117,6 +118,8 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(404, Outcome.UNKNOWN_ITEM.value, str(exc))
         case OrderNotFound():
             return ApiError(404, Outcome.UNKNOWN_ORDER.value, str(exc))
+        case RefundNotFound():
+            return ApiError(404, "unknown_refund", str(exc))
         case RequestInFlight():
             return ApiError(409, "request_in_flight", str(exc), {"Retry-After": "1"})
         case InvalidToken():
@@ -154,7 +157,8 @@ def answer_for(exc: Exception) -> ApiError | None:
 
 # Every exception type answer_for knows (subclasses included), for the framework's handlers.
 ANSWERED: tuple[type[Exception], ...] = (
-    ApiError, InvalidRequest, UnknownItem, OrderNotFound, RequestInFlight, InvalidToken,
+    ApiError, InvalidRequest, UnknownItem, OrderNotFound, RefundNotFound, RequestInFlight,
+    InvalidToken,
     BadSignature, BadTicket, BadPass, SaleClosed, GateRefused, RedisConnectionError,
     RedisTimeoutError, NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,
 )  # fmt: skip

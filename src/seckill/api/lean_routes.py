@@ -33,14 +33,14 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from seckill.api.admission import RETRY_AFTER, Admission
 from seckill.api.auth import authorize, bearer_token
+from seckill.api.bodies import parse_body
 from seckill.api.buyers import item_out
 from seckill.api.context import Context
-from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal, validation_message
+from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal
 from seckill.api.metrics import record_request
 from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, QUEUE_ROUTE, TICKET_ROUTE, route_pattern
 from seckill.api.queue import standing_out
@@ -301,14 +301,7 @@ def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:
         return _NO_BODY
     if content_type is not None and not _is_json(content_type):
         raise ApiError(422, "invalid_request", "body: send it as application/json")
-    try:
-        return BuyIn.model_validate_json(body)
-    except ValidationError as exc:
-        errors = exc.errors()
-        if any(e["type"] == "json_invalid" for e in errors):
-            raise ApiError(422, "invalid_request", "body: not valid JSON") from None
-        located = [{**e, "loc": ("body", *e["loc"])} for e in errors]
-        raise ApiError(422, "invalid_request", validation_message(located)) from None
+    return parse_body(BuyIn, body)
 
 
 def _is_json(content_type: bytes) -> bool:

@@ -6,13 +6,11 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 
+from seckill.api.bodies import body_schema, parse_body
 from seckill.api.context import Context, context
 from seckill.api.errors import documented
 from seckill.api.schemas import PaymentNoticeIn, PaymentOut
-from seckill.domain.outcomes import Outcome
 from seckill.security.signatures import SIGNATURE_HEADER, verify_signature
 
 router = APIRouter(prefix="/api/v1/payments", tags=["payments"])
@@ -33,17 +31,14 @@ Ctx = Annotated[Context, Depends(context)]
                 "schema": {"type": "string"},
             }
         ],
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": PaymentNoticeIn.model_json_schema()},
-            },
-        },
+        **body_schema(PaymentNoticeIn),
     },
 )
 async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
-    """A payment succeeded or failed. Success moves the hold to paid; failure releases it; a
-    success for a hold already released never brings stock back: the order needs a refund."""
+    """A payment succeeded or failed. A payment id names one payment of the item: it is applied
+    once, to one order. Success moves the hold to paid; failure releases it. A success that pays
+    nothing (the hold already released: stock never comes back; or the order already paid by
+    another payment) is a refund owed for this payment: ``refund_required``, with the reason."""
     body = await request.body()  # the signature covers the exact bytes: check before parsing
     verify_signature(
         ctx.payment_secret,
@@ -52,10 +47,7 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
         now=time.time(),
         tolerance_seconds=ctx.runtime.settings.payment_tolerance_seconds,
     )
-    try:
-        notice = PaymentNoticeIn.model_validate_json(body)
-    except ValidationError as exc:  # the same 422 as a body FastAPI parsed itself
-        raise RequestValidationError(exc.errors(include_url=False)) from None
+    notice = parse_body(PaymentNoticeIn, body)
     settlement, view = await ctx.orders.settle_payment(
         notice.item_id,
         int(notice.order_id),
@@ -69,7 +61,8 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
             "order_id": notice.order_id,
             "outcome": settlement.outcome.value,
             "order_status": view.status,
-            "refund_required": settlement.outcome is Outcome.REFUND_REQUIRED,
+            "refund_required": settlement.refund_owed,
+            "refund_reason": settlement.reason if settlement.refund_owed else None,
             "replayed": settlement.replayed,
         }
     )

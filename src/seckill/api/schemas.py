@@ -9,9 +9,19 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+)
 
+from seckill.domain.events import RefundReason
 from seckill.domain.lifecycle import Stage, Unsettled
+from seckill.domain.money import RefundState
 from seckill.domain.orders import OrderStatus
 from seckill.domain.rules import MAX_ID, MAX_QUANTITY, MAX_STOCK_SHARDS
 
@@ -20,6 +30,12 @@ Token = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")]  # visible A
 # The enum's values inline, as a Literal: the enum itself would become a schema component.
 OrderStatusLiteral = Literal[
     OrderStatus.HELD, OrderStatus.PAID, OrderStatus.RELEASED, OrderStatus.REFUND_REQUIRED
+]
+RefundReasonLiteral = Literal[
+    RefundReason.CANCELLED,
+    RefundReason.EXPIRED,
+    RefundReason.PAYMENT_FAILED,
+    RefundReason.DUPLICATE_CHARGE,
 ]
 
 
@@ -35,18 +51,27 @@ DateTimeText = Annotated[AwareDatetime, BeforeValidator(_text_only)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: read by ``seckill.api.bodies.parse_body`` (each key once), unknown keys
+    refused, integers as JSON integers (``StrictInt``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "description": "A JSON object. A key given twice is refused (422), as is a key not "
+            "listed; integers are JSON integers, not strings, booleans or 1.0."
+        },
+    )
 
 
 class NewItemIn(_In):
     name: str = Field(min_length=1, max_length=200)
-    price_cents: int = Field(ge=0, le=10**15)
-    total: int = Field(ge=0, le=10**12)
+    price_cents: StrictInt = Field(ge=0, le=10**15)
+    total: StrictInt = Field(ge=0, le=10**12)
     starts_at: DateTimeText
     ends_at: DateTimeText
-    per_buyer_limit: int | None = Field(None, ge=1, le=MAX_QUANTITY)
-    hold_seconds: int | None = Field(None, ge=1, le=2_592_000)
-    stock_shards: int | None = Field(
+    per_buyer_limit: StrictInt | None = Field(None, ge=1, le=MAX_QUANTITY)
+    hold_seconds: StrictInt | None = Field(None, ge=1, le=2_592_000)
+    stock_shards: StrictInt | None = Field(
         None,
         ge=1,
         le=MAX_STOCK_SHARDS,
@@ -137,7 +162,7 @@ class AuditOut(BaseModel):
 
 
 class BuyIn(_In):
-    quantity: int = Field(1, ge=1, le=MAX_QUANTITY)
+    quantity: StrictInt = Field(1, ge=1, le=MAX_QUANTITY)
 
 
 class ReservationOut(BaseModel):
@@ -159,7 +184,7 @@ class OrderOut(BaseModel):
 
 class PaymentNoticeIn(_In):
     payment_id: Token = Field(description="The provider's id for this notice; applied once.")
-    item_id: int = Field(
+    item_id: StrictInt = Field(
         ge=1, le=MAX_ID, description="The order's item, as the shop gave it with the payment."
     )
     order_id: OrderId
@@ -172,8 +197,35 @@ class PaymentOut(BaseModel):
     order_id: OrderId
     outcome: Literal["paid", "already_paid", "refund_required", "released", "already_released"]
     order_status: OrderStatusLiteral
-    refund_required: bool
+    refund_required: bool = Field(
+        description="This payment paid nothing: a refund is owed for it (see refund_reason)."
+    )
+    refund_reason: RefundReasonLiteral | None = Field(
+        description="Why a refund is owed: the order was released first (cancelled, expired, "
+        "payment_failed), or another payment had paid it (duplicate_charge). null otherwise."
+    )
     replayed: bool
+
+
+class RefundOut(BaseModel):
+    item_id: int
+    payment_id: str
+    order_id: OrderId
+    buyer: str
+    quantity: int
+    amount_cents: int
+    reason: RefundReasonLiteral
+    state: Literal[RefundState.OWED, RefundState.REFUNDED]
+    owed_at: datetime
+    refunded_at: datetime | None
+
+
+class RefundPageOut(BaseModel):
+    refunds: list[RefundOut] = Field(description="Newest first.")
+    next: str | None = Field(
+        description="The cursor of the next (older) page: pass it as ?cursor=; null when none "
+        "is left."
+    )
 
 
 class HealthOut(BaseModel):

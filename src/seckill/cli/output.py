@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from seckill.services.archive import Archiving, Settlement
     from seckill.services.dead_letters import Replay
     from seckill.services.items import WarmedItem
-    from seckill.store.records import DeadLetterRecord
+    from seckill.store.records import DeadLetterRecord, RefundRecord
 
 
 def print_warmed(console: Console, warmed: Sequence[WarmedItem]) -> bool:
@@ -146,3 +146,28 @@ def print_replay(console: Console, replay: Replay) -> None:
             console.print(f"[green]{letter.dead_letter_id}[/]: landed")
         else:
             console.print(f"[red]{letter.dead_letter_id}[/]: still cannot land: {letter.refused}")
+
+
+def print_refunds(console: Console, refunds: Sequence[RefundRecord]) -> None:
+    """One row per refund, newest first, with what it amounts to and whether it was given."""
+    table = Table(title="Refunds")
+    for column in ("item", "payment", "order", "buyer", "amount", "reason", "owed", "refunded"):
+        table.add_column(column)
+    for r in refunds:
+        refunded = r.refunded_at.isoformat(timespec="seconds") if r.refunded_at else ""
+        table.add_row(
+            str(r.item_id), r.payment_id, str(r.order_id), r.buyer,
+            f"{r.amount_cents / 100:.2f}", r.reason, r.owed_at.isoformat(timespec="seconds"),
+            refunded,
+        )  # fmt: skip
+    console.print(table)
+
+
+def refund_json(refund: RefundRecord) -> dict[str, object]:
+    return {
+        "item_id": refund.item_id, "payment_id": refund.payment_id,
+        "order_id": str(refund.order_id), "buyer": refund.buyer, "quantity": refund.quantity,
+        "amount_cents": refund.amount_cents, "reason": refund.reason, "state": refund.state,
+        "owed_at": refund.owed_at.isoformat(),
+        "refunded_at": refund.refunded_at.isoformat() if refund.refunded_at else None,
+    }  # fmt: skip

@@ -126,6 +126,12 @@ def bench(
     replay: float = typer.Option(
         _PLAN["replay"], min=0, max=1, help="Share of buyers who click twice."
     ),
+    double_charge: float = typer.Option(
+        _PLAN["double_charge"],
+        min=0,
+        max=1,
+        help="Share of paying buyers charged twice (the second charge is owed back).",
+    ),
     seed: int = typer.Option(_PLAN["seed"], help="The crowd's random seed."),
     report_dir: Path = _REPORT_DIR,
     waiting_room: bool = typer.Option(
@@ -147,7 +153,7 @@ def bench(
     plan = _plan(
         buyers=buyers, late_buyers=late_buyers, duration_s=duration, units=units,
         per_buyer_limit=limit, hold_seconds=hold_seconds, concurrency=concurrency, pay=pay,
-        fail=fail, cancel=cancel, replay=replay, seed=seed,
+        fail=fail, cancel=cancel, replay=replay, double_charge=double_charge, seed=seed,
     )  # fmt: skip
     settings = current_settings()
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from seckill.crowd.client import ApiClient
 from seckill.crowd.crowd import CrowdLog, CrowdOrder
 from seckill.crowd.plan import CrowdPlan
+from seckill.domain.money import Charge, account
 from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
 from seckill.engine.audit import Check
 from seckill.store.database import open_database
@@ -36,6 +37,7 @@ class SaleEnd:
     back_on_sale: dict[str, Any] | None  # the counters once the first crowd's holds ran out
     server_checks: list[dict[str, Any]] | None  # the admin audit route's checks
     seen: dict[str, dict[str, Any] | None]  # order id -> the buyer's view of it (None: 404)
+    refunds: list[dict[str, Any]] | None = None  # the admin refunds route's (None: no answer)
     sql: ItemBook | None = None
 
 
@@ -63,6 +65,7 @@ async def read_sale_end(
         back_on_sale=back_on_sale,
         server_checks=audited.body.get("checks") if audited.status == 200 else None,
         seen=seen,
+        refunds=await client.refunds(item_id),
         sql=await read_book(database_url, item_id) if database_url else None,
     )
 
@@ -83,6 +86,7 @@ def verdicts(plan: CrowdPlan, log: CrowdLog, end: SaleEnd) -> list[Check]:
         _no_lost_orders(orders, end),
         _no_duplicates(log, orders, end),
         _payments_once(orders, end),
+        _charges_accounted(log, end),
         _released_units(orders, end),
         _redis_equals_sql(end),
         _server_audit(end),
@@ -193,6 +197,35 @@ def _payments_once(orders: list[CrowdOrder], end: SaleEnd) -> Check:
     ok = len(sold) == 2 and all(n == paid for n in sold.values())
     shown = ", ".join(f"{name} sold {n}" for name, n in sold.items())
     return Check("payments counted once", ok, f"the crowd paid for {paid} units; {shown}")
+
+
+def _charges_accounted(log: CrowdLog, end: SaleEnd) -> Check:
+    """Every charge the payment callback accepted is a sale (its order paid by it, in SQL; the
+    buyer's view of the order without it) or a refund owed (in the refunds list), and the
+    list owes nothing the crowd did not cause."""
+    name = "every charge accounted for"
+    if end.refunds is None:
+        return Check(name, False, "the refunds route did not answer")
+    charges = [
+        Charge(c.payment_id, int(c.order_id), c.outcome == OrderStatus.REFUND_REQUIRED, c.reason)
+        for c in log.charges.values()
+    ]
+    if end.sql is not None:
+        paid_by = {
+            o.order_id: o.payment_id
+            for o in end.sql.orders.values()
+            if o.status is OrderStatus.PAID
+        }
+    else:  # the API shows an order's status, not its payment: the crowd's sale for it
+        sale_of = {c.order_id: c.payment_id for c in log.charges.values() if c.outcome == "paid"}
+        paid_by = {
+            int(order_id): sale_of.get(order_id)
+            for order_id, view in end.seen.items()
+            if view is not None and view["status"] == OrderStatus.PAID
+        }
+    refunds = {r["payment_id"]: int(r["order_id"]) for r in end.refunds}
+    accounts = account(charges, paid_by=paid_by, refunds=refunds)
+    return Check(name, accounts.balanced, accounts.summary())
 
 
 def _released_units(orders: list[CrowdOrder], end: SaleEnd) -> Check:

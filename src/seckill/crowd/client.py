@@ -160,6 +160,20 @@ class ApiClient:
         path = f"/api/v1/admin/items/{item_id}/audit"
         return await self.request("GET", path, token=self.credentials.admin())
 
+    async def refunds(self, item_id: int) -> list[dict[str, Any]] | None:
+        """Every refund of the item, all pages; None if the route did not answer."""
+        found: list[dict[str, Any]] = []
+        cursor = ""
+        while True:
+            path = f"/api/v1/admin/refunds?item_id={item_id}&limit=500{cursor}"
+            page = await self.request("GET", path, token=self.credentials.admin())
+            if page.status != 200:
+                return None
+            found += page.body["refunds"]
+            if page.body.get("next") is None:
+                return found
+            cursor = f"&cursor={page.body['next']}"
+
     async def queue_report(self, item_id: int) -> Reply:
         path = f"/api/v1/admin/items/{item_id}/queue"
         return await self.request("GET", path, token=self.credentials.admin())

@@ -2,7 +2,8 @@
 
 A buyer asks for a purchase ticket, buys with an idempotency key (some send it twice, as a
 double click does), and then pays, has the payment fail, cancels, or lets the hold run out
-(``plan.Fate``). A request that gets no answer is sent again with the same key or payment id,
+(``plan.Fate``). Some who pay are charged twice by their provider: the second charge must be
+owed back. A request that gets no answer is sent again with the same key or payment id,
 as a careful client does; those are safe to repeat. Once the first crowd's holds have run out,
 a late crowd buys (and pays for) the units that came back. Through a waiting room
 (``seckill.crowd.waiting``) each buyer queues first and buys the same way once let in.
@@ -34,6 +35,18 @@ class BuyerSpec:
     replay: bool
     fate: Fate
     wave: int
+    charged_twice: bool = False  # pays, and the provider charges a second time
+
+
+@dataclass(frozen=True, slots=True)
+class CrowdCharge:
+    """A successful charge the payment callback accepted (its first answer): a sale, or a
+    refund owed."""
+
+    order_id: str
+    payment_id: str
+    outcome: str  # paid, refund_required
+    reason: str | None  # a refund's
 
 
 @dataclass(slots=True, kw_only=True)
@@ -93,6 +106,7 @@ class CrowdLog:
     orders: dict[str, CrowdOrder] = field(default_factory=dict)
     replays: int = 0
     replays_differing: list[str] = field(default_factory=list)
+    charges: dict[str, CrowdCharge] = field(default_factory=dict)  # by payment id
     stock: list[StockPoint] = field(default_factory=list)
     phase: str = "starting"
     crowd_s: float = 0.0  # wall time spent in the waves
@@ -132,7 +146,8 @@ class Crowd:
 
     def _spec(self, name: str, *, wave: int, fate: Fate) -> BuyerSpec:
         replay = self.rng.random() < self.plan.replay
-        return BuyerSpec(name, self.plan.quantity(self.rng), replay, fate, wave)
+        twice = fate is Fate.PAY and self.rng.random() < self.plan.double_charge
+        return BuyerSpec(name, self.plan.quantity(self.rng), replay, fate, wave, twice)
 
     async def run_wave(self, buyers: Iterator[BuyerSpec], *, duration_s: float | None) -> None:
         """Send ``buyers`` through, ``plan.concurrency`` at a time; none starts after
@@ -199,6 +214,26 @@ class Crowd:
         )
         log.orders[order.order_id] = order
         await self._settle(order, repeat_notice=spec.replay)
+        if spec.charged_twice and order.status == OrderStatus.PAID:
+            await self._charge_again(order, repeat_notice=spec.replay)
+
+    async def _charge_again(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
+        """The provider charged the buyer a second time: its notice must be a refund owed."""
+        client, item, oid = self.client, self.item_id, order.order_id
+
+        async def notify() -> Reply:
+            return await client.notify_payment(item, oid, payment_id=f"again-{oid}", succeeded=True)
+
+        for _ in range(1 + repeat_notice):
+            self._charged(order, f"again-{oid}", await self.send("charge again", notify))
+
+    def _charged(self, order: CrowdOrder, payment_id: str, answer: Reply) -> None:
+        """Keep a success notice's first accepted answer: a sale or a refund owed."""
+        if answer.status == 200 and payment_id not in self.log.charges:
+            body = answer.body
+            self.log.charges[payment_id] = CrowdCharge(
+                order.order_id, payment_id, str(body["outcome"]), body.get("refund_reason")
+            )
 
     async def _settle(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
         client, item, oid = self.client, self.item_id, order.order_id
@@ -224,6 +259,8 @@ class Crowd:
             # A failure that released the hold says why; one that found it released does not.
             reason = "payment_failed" if answer.body.get("outcome") == "released" else None
             self._learn(order, answer, status="order_status", reason=reason)
+            if succeeded:
+                self._charged(order, f"{action}-{oid}", answer)
 
     @staticmethod
     def _learn(order: CrowdOrder, answer: Reply, *, status: str, reason: str | None) -> None:

@@ -29,6 +29,9 @@ class CrowdPlan:
     fail: float = 0.05
     cancel: float = 0.2
     replay: float = 0.1
+    # Of the buyers who pay, the share charged twice (a double click on "pay"): the second
+    # charge must come back as a refund owed, never as a second sale.
+    double_charge: float = 0.1
     seed: int = 7
 
     def __post_init__(self) -> None:
@@ -41,7 +44,10 @@ class CrowdPlan:
             problems.append("the duration must be positive")
         if self.late_buyers is not None and self.late_buyers < 0:
             problems.append("late buyers must be 0 or more")
-        shares = {"pay": self.pay, "fail": self.fail, "cancel": self.cancel, "replay": self.replay}
+        shares = {
+            "pay": self.pay, "fail": self.fail, "cancel": self.cancel, "replay": self.replay,
+            "double_charge": self.double_charge,
+        }  # fmt: skip
         problems += [
             f"{k} must be a share between 0 and 1" for k, v in shares.items() if not 0 <= v <= 1
         ]

@@ -19,6 +19,17 @@ class ReleaseReason(StrEnum):
     PAYMENT_FAILED = "payment_failed"
 
 
+class RefundReason(StrEnum):
+    """Why a successful charge is owed back: its order was released before it (the release's
+    reason: the deadline is the contract, money never brings stock back), or another payment
+    had already paid the order (a buyer's double click on "pay" charged twice)."""
+
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    PAYMENT_FAILED = "payment_failed"
+    DUPLICATE_CHARGE = "duplicate_charge"
+
+
 class EventKind(StrEnum):
     LOADED = "loaded"
     RESERVED = "reserved"
@@ -53,7 +64,9 @@ class StockEvent:
     buyer: str | None = None
     quantity: int | None = None
     deadline_ms: int | None = None
-    reason: ReleaseReason | None = None
+    # released: why; refund_required: why the charge is owed back
+    reason: ReleaseReason | RefundReason | None = None
+    payment_id: str | None = None  # paid, refund_required: the payment it concerns
     total: int | None = None  # loaded only
     request_id: str | None = None  # reserved only: the API request that made the hold
     transfer_id: str | None = None  # transfers only, with quantity: the units moved
@@ -101,10 +114,11 @@ def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> St
         raise BadEvent(f"{kind} event without {', '.join(missing)}")
     get = fields.get
     reason = get("reason")
+    reasons = RefundReason if kind is EventKind.REFUND_REQUIRED else ReleaseReason
     try:
-        release_reason = ReleaseReason(reason) if reason else None
+        why = reasons(reason) if reason else None
     except ValueError:
-        raise BadEvent(f"unknown release reason {reason!r}") from None
+        raise BadEvent(f"unknown {kind} reason {reason!r}") from None
     return StockEvent(
         event_id=entry_id,
         shard=shard,
@@ -115,7 +129,8 @@ def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> St
         buyer=get("buyer"),
         quantity=_number(fields, "quantity", low=1) if get("quantity") else None,
         deadline_ms=_number(fields, "deadline_ms") if get("deadline_ms") else None,
-        reason=release_reason,
+        reason=why,
+        payment_id=get("payment_id") or None,
         total=_number(fields, "total") if get("total") else None,
         request_id=get("request_id") or None,
         transfer_id=get("transfer_id") or None,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import Outcome
 
@@ -21,7 +21,8 @@ class HoldState(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Hold:
     """One order's hold. ``refund_required``: a payment succeeded after the hold was released
-    (its stock is gone for good), so the money must go back."""
+    (its stock is gone for good), so the money must go back. ``payment_id``: the payment that
+    paid it."""
 
     order_id: int
     buyer: str
@@ -30,6 +31,7 @@ class Hold:
     state: HoldState
     reason: ReleaseReason | None = None
     refund_required: bool = False
+    payment_id: str | None = None
 
     @property
     def order_status(self) -> OrderStatus:
@@ -60,7 +62,7 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class HoldTransition:
-    """The answer to confirm or release: the outcome, and why the hold was released if it was."""
+    """The answer to a release: the outcome, and why the hold was released if it was."""
 
     outcome: Outcome
     reason: ReleaseReason | None = None
@@ -70,10 +72,16 @@ class HoldTransition:
 class PaymentSettlement:
     """The answer to a provider's payment notice (``settle_payment``).
 
-    ``replayed``: the provider sent this payment id before; the answer is the one recorded then,
-    and nothing changed now.
+    ``reason``: with ``refund_required``, why the charge is owed back; with ``released`` and
+    ``already_released``, why the hold was released. ``replayed``: the provider sent this
+    payment id before; the answer is the one recorded then, and nothing changed now.
     """
 
     outcome: Outcome
-    reason: ReleaseReason | None = None
+    reason: ReleaseReason | RefundReason | None = None
     replayed: bool = False
+
+    @property
+    def refund_owed(self) -> bool:
+        """A successful charge that must go back (it paid nothing)."""
+        return self.outcome is Outcome.REFUND_REQUIRED

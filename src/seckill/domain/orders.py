@@ -1,7 +1,9 @@
 """Orders: their statuses, and how stream events move them (and the item's stock) forward.
 
 An event moves an order forward (absent -> held -> paid | released -> refund_required), and the
-transition says how each unit of stock moves. Events of one order may arrive in any order and
+transition says how each unit of stock moves. A refund owed for a duplicate charge (a paid order
+charged again) is the extra payment's, not the order's: the order stays paid, and the event
+moves nothing (``moves_order``). Events of one order may arrive in any order and
 any number of times, so a transition happens at most once and a status never moves backwards:
 an event that finds the order already at or past where it leads does nothing. SQL lands events
 by this table, and the reconciler folds journals through it.
@@ -12,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from seckill.domain.events import BadEvent, EventKind
+from seckill.domain.events import BadEvent, EventKind, RefundReason
 
 
 class OrderStatus(StrEnum):
@@ -61,6 +63,12 @@ NO_OPS: frozenset[tuple[OrderStatus, EventKind]] = frozenset(
 )
 # Statuses in which the order's stock has gone back: it has a released_at (set once).
 RELEASED_STATUSES = frozenset({OrderStatus.RELEASED, OrderStatus.REFUND_REQUIRED})
+
+
+def moves_order(kind: EventKind, reason: str | None) -> bool:
+    """Whether an order event takes part in its order's life: all do but the refund owed for a
+    duplicate charge, which leaves its (paid) order as it is."""
+    return not (kind is EventKind.REFUND_REQUIRED and reason == RefundReason.DUPLICATE_CHARGE)
 
 
 def transition(status: OrderStatus | None, kind: EventKind) -> tuple[OrderStatus, Moves] | None:

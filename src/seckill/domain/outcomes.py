@@ -26,13 +26,14 @@ class Outcome(StrEnum):
     NOT_STARTED = "not_started"
     ENDED = "ended"
     UNKNOWN_ITEM = "unknown_item"
-    # confirm / release / settle_payment
+    # release / settle_payment / claim_payment
     PAID = "paid"
     ALREADY_PAID = "already_paid"
     REFUND_REQUIRED = "refund_required"
     RELEASED = "released"
     ALREADY_RELEASED = "already_released"
     UNKNOWN_ORDER = "unknown_order"
+    CLAIMED = "claimed"  # a payment id claimed on the item's head, for an order on another shard
     # transfer_out / transfer_in (stock moving between an item's shards)
     TRANSFERRED = "transferred"
     # recount / recover (the reconciler's repairs)
@@ -72,6 +73,7 @@ class ErrorCode(StrEnum):
     INVALID_PAYMENT_ID = "invalid_payment_id"
     INVALID_PAYMENT_RESULT = "invalid_payment_result"
     PAYMENT_ID_REUSED = "payment_id_reused"
+    INVALID_SHARD = "invalid_shard"
     HOLDS_EXCEED_TOTAL = "holds_exceed_total"
     INVALID_RECOVERY = "invalid_recovery"
     INVALID_TRANSFER = "invalid_transfer"

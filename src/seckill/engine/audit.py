@@ -10,7 +10,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
+from seckill.domain.events import RefundReason
 from seckill.domain.holds import Hold, HoldState
+from seckill.domain.money import Accounts, Charge, account
 from seckill.domain.shards import home_shard
 from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
 
@@ -22,26 +24,62 @@ class Check:
     detail: str
 
 
-def expected_journal(holds: Iterable[Hold]) -> Counter[str]:
-    """The order events a complete journal holds for these holds, by kind."""
+def expected_journal(holds: Iterable[Hold], refunds: int) -> Counter[str]:
+    """The order events a complete journal holds for these holds and ``refunds`` refunds owed
+    (one event each), by kind."""
     kinds = Counter[str]()
     for hold in holds:
         kinds["reserved"] += 1
         if hold.state is not HoldState.HELD:
             kinds[hold.state.value] += 1  # paid, or released
-        if hold.refund_required:
-            kinds["refund_required"] += 1
+    kinds["refund_required"] = refunds
     return kinds
 
 
-def journal_check(where: str, found: Counter[str], holds: Iterable[Hold]) -> Check:
-    expected = expected_journal(holds)
+def journal_check(where: str, found: Counter[str], holds: Iterable[Hold], refunds: int) -> Check:
+    expected = expected_journal(holds, refunds)
     kinds = ("reserved", "paid", "released", "refund_required")
     return Check(
         f"{where} journal complete",
         all(found[k] == expected[k] for k in kinds),
-        "events " + ", ".join(f"{k} {found[k]}/{expected[k]}" for k in kinds) + " (found/holds)",
+        "events " + ", ".join(f"{k} {found[k]}/{expected[k]}" for k in kinds) + " (found/expected)",
     )
+
+
+def charges(snapshots: Sequence[ItemSnapshot]) -> list[Charge]:
+    """Every successful payment the shards recorded (a claim the head keeps for another shard
+    is not one: that shard records the payment once it is settled)."""
+    return [
+        Charge(payment_id, int(record["order_id"]), record["outcome"] == "refund_required",
+               record.get("reason"))
+        for snapshot in snapshots
+        for payment_id, record in snapshot.payments.items()
+        if record.get("succeeded") is True and "outcome" in record
+    ]  # fmt: skip
+
+
+def redis_accounts(snapshots: Sequence[ItemSnapshot]) -> Accounts:
+    """An item's charges against its holds: a sale is a paid hold's own payment; a refund owed
+    fits its hold (released and marked for refund, or paid by another payment for a duplicate
+    charge)."""
+    holds = {order_id: hold for s in snapshots for order_id, hold in s.holds.items()}
+    found = charges(snapshots)
+    paid_by = {o: h.payment_id for o, h in holds.items() if h.state is HoldState.PAID}
+    refunds = {c.payment_id: c.order_id for c in found if c.refund and _fits(c, holds)}
+    return account(found, paid_by=paid_by, refunds=refunds)
+
+
+def _fits(refund: Charge, holds: dict[int, Hold]) -> bool:
+    hold = holds.get(refund.order_id)
+    if hold is None:
+        return False
+    if refund.reason == RefundReason.DUPLICATE_CHARGE:
+        return hold.state is HoldState.PAID and hold.payment_id != refund.payment_id
+    return hold.state is HoldState.RELEASED and hold.refund_required
+
+
+def money_check(accounts: Accounts, where: str = "") -> Check:
+    return Check(f"{where}every charge accounted for", accounts.balanced, accounts.summary())
 
 
 async def audit_item(engine: RedisEngine, item_id: int, *, journal: bool = True) -> list[Check]:
@@ -63,7 +101,7 @@ def audit_shards(snapshots: Sequence[ItemSnapshot], *, journal: bool = True) -> 
     checks = [
         replace(check, name=f"shard {snap.shard}: {check.name}")
         for snap in snapshots
-        for check in audit_snapshot(snap, journal=journal)
+        for check in audit_snapshot(snap, journal=journal, money=False)
     ]
     item = snapshots[0].item
     if item is None or any(snap.stock is None for snap in snapshots):
@@ -99,10 +137,15 @@ def audit_shards(snapshots: Sequence[ItemSnapshot], *, journal: bool = True) -> 
             not mismatched,
             f"{len(sent)} sent, {len(received)} received, {len(mismatched)} disagree",
         ),
+        money_check(redis_accounts(snapshots)),
     ]
 
 
-def audit_snapshot(snapshot: ItemSnapshot, *, journal: bool = True) -> list[Check]:
+def audit_snapshot(
+    snapshot: ItemSnapshot, *, journal: bool = True, money: bool = True
+) -> list[Check]:
+    """One item's (or one shard's) invariants. ``money=False`` leaves the charges to the caller
+    (a sharded item's are checked across its shards: a payment id is the item's)."""
     item, stock = snapshot.item, snapshot.stock
     if item is None or stock is None:
         return [Check("item loaded", False, f"item {snapshot.item_id} is not in Redis")]
@@ -143,8 +186,11 @@ def audit_snapshot(snapshot: ItemSnapshot, *, journal: bool = True) -> list[Chec
             f"{len(snapshot.deadlines)} indexed, {len(held_ids)} held",
         ),
     ]
+    if money:
+        checks.append(money_check(redis_accounts([snapshot])))
     if journal:
-        checks.append(journal_check("stream", Counter(kinds), holds.values()))
+        refunds = sum(c.refund for c in charges([snapshot]))
+        checks.append(journal_check("stream", Counter(kinds), holds.values(), refunds))
         checks.append(
             Check(
                 "one reservation per hold",

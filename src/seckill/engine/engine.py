@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, cast
 from redis.exceptions import ResponseError
 
 from seckill.domain import rules
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import (
     Hold,
     HoldState,
@@ -84,6 +84,9 @@ class ItemSnapshot:
     shard: int = 0
     shards: int = 1  # the item's shard count (this snapshot is of one of them)
     transfers: Transfers = field(default_factory=dict)  # see ItemKeys.transfers
+    # payment id -> its record (settle_payment.lua), JSON decoded: the notices this shard settled
+    # and, on the head, the claims made for other shards.
+    payments: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +110,17 @@ class RecoveredOrder(NamedTuple):
     status: str
     deadline_ms: int  # 0 when the record has none (only held orders need one)
     reason: str | None
+    payment_id: str | None  # a paid order's payment
+
+
+class RecoveredPayment(NamedTuple):
+    """A successful payment as SQL records it (a paid order's payment, or a refund owed), in the
+    shape recover.lua takes."""
+
+    payment_id: str
+    order_id: str
+    outcome: str  # paid or refund_required
+    reason: str | None  # a refund's
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,21 +490,6 @@ class RedisEngine:
             outcome, int(first["order_id"]), int(first["deadline_ms"]), replayed=True
         )
 
-    async def confirm(self, item_id: int, order_id: int) -> HoldTransition:
-        """A payment succeeded: held -> paid. Idempotent.
-
-        A hold released before the payment, or found at or past its deadline (then released as
-        expired), answers ``refund_required`` with the release reason: its stock is never sold
-        after all. The first such payment marks the hold and journals a ``refund_required``
-        event; later ones change nothing.
-        """
-        rules.check_item_id(item_id)
-        rules.check_order_id(order_id)
-        shard = await self.order_shard(item_id, order_id)
-        return _transition(
-            await self._call(ScriptName.CONFIRM, item_id, order_id, self.now_arg(), shard=shard)
-        )
-
     async def release(self, item_id: int, order_id: int, reason: ReleaseReason) -> HoldTransition:
         """Give a hold's stock back. Idempotent; a paid hold refuses (``already_paid``)."""
         rules.check_item_id(item_id)
@@ -506,31 +505,41 @@ class RedisEngine:
     async def settle_payment(
         self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
     ) -> PaymentSettlement:
-        """Apply a payment provider's notice once per ``payment_id``.
+        """Apply a payment provider's notice once per ``payment_id``, which names one payment of
+        the item (see settle_payment.lua).
 
-        Succeeded: as :meth:`confirm`. Failed: held -> released (``payment_failed``); a paid hold
-        stays paid (``already_paid``). A payment id seen before answers what it answered then
+        Succeeded: held -> paid; a success for an order already released, or paid by another
+        payment, answers ``refund_required`` and journals a refund owed for this payment.
+        Failed: held -> released (``payment_failed``); a paid hold stays paid
+        (``already_paid``). A payment id seen before answers what it answered then
         (``replayed``), or refuses with ``payment_id_reused`` if it now names another order or
-        result. An unknown order answers ``unknown_order`` and is not recorded.
+        result, whatever the shards. An unknown order answers ``unknown_order`` and is not
+        recorded.
         """
         rules.check_item_id(item_id)
         rules.check_order_id(order_id)
         rules.check_payment_id(payment_id)
         rules.check_payment_result(succeeded)
-        shard = await self._payment_shard(item_id, order_id, payment_id)
-        reply = await self._call(
-            ScriptName.SETTLE_PAYMENT,
-            item_id,
-            order_id,
-            payment_id,
-            "succeeded" if succeeded else "failed",
-            self.now_arg(),
-            extra_keys=(self.keys(item_id, shard).payments,),
-            shard=shard,
-        )
-        if Outcome(reply[0]) is Outcome.REPLAY:
-            return PaymentSettlement(Outcome(reply[1]), _reason(reply, 2), replayed=True)
-        return PaymentSettlement(Outcome(reply[0]), _reason(reply, 1))
+        notice = (order_id, payment_id, "succeeded" if succeeded else "failed")
+        shard = await self.order_shard(item_id, order_id)
+        if shard:  # the item's head keeps every payment id it has seen: claimed there first
+            claim = await self._call(
+                ScriptName.CLAIM_PAYMENT, item_id, *notice, shard,
+                extra_keys=(self.keys(item_id).payments,),
+            )  # fmt: skip
+            shard = int(claim[1])
+        reply = await self._settle(item_id, shard, notice)
+        if reply[0] == Outcome.CLAIMED:  # the order left its shard (archived) since the claim
+            reply = await self._settle(item_id, int(reply[1]), notice)
+        if reply[0] == Outcome.REPLAY:
+            return _settlement(reply[1:], replayed=True)
+        return _settlement(reply)
+
+    async def _settle(self, item_id: int, shard: int, notice: tuple[int, str, str]) -> Any:
+        return await self._call(
+            ScriptName.SETTLE_PAYMENT, item_id, *notice, self.now_arg(),
+            extra_keys=(self.keys(item_id, shard).payments,), shard=shard,
+        )  # fmt: skip
 
     async def expire_due(self, item_id: int, *, limit: int = 500, shard: int = 0) -> list[int]:
         """Release at most ``limit`` holds of one shard past their deadline; returns their order
@@ -550,21 +559,6 @@ class RedisEngine:
             *(self.execute("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
         )
         return next((s for s in range(shards) if found[s]), 0)
-
-    async def _payment_shard(self, item_id: int, order_id: int, payment_id: str) -> int:
-        """Where a payment notice is settled: the shard that recorded this payment id before (it
-        answers a replay, or payment_id_reused for another order), else the order's."""
-        shards = await self._shard_counts.of(item_id)
-        if shards == 1:
-            return 0
-        seen = await asyncio.gather(
-            *(
-                self.execute("HEXISTS", self.keys(item_id, s).payments, payment_id)
-                for s in range(shards)
-            )
-        )
-        recorded = next((s for s in range(shards) if seen[s]), None)
-        return await self.order_shard(item_id, order_id) if recorded is None else recorded
 
     # -- the reconciler's repairs (operator actions, O(holds); never on the purchase path) --------
 
@@ -593,6 +587,22 @@ class RedisEngine:
                 replayed += [int(order_id) for order_id in reply]
         return replayed
 
+    async def replay_refunds(
+        self, item_id: int, shard: int, payment_ids: Sequence[str]
+    ) -> list[str]:
+        """Journal again the refunds owed under ``payment_ids`` on one shard, from their records
+        (replay_refunds.lua); returns the payment ids journaled."""
+        for payment_id in payment_ids:
+            rules.check_payment_id(payment_id)
+        replayed: list[str] = []
+        for start in range(0, len(payment_ids), _REPAIR_BATCH):
+            replayed += await self._call(
+                ScriptName.REPLAY_REFUNDS, item_id, self.now_arg(),
+                *payment_ids[start : start + _REPAIR_BATCH],
+                extra_keys=(self.keys(item_id, shard).payments,), shard=shard,
+            )  # fmt: skip
+        return replayed
+
     async def recount(self, item_id: int, shard: int = 0) -> Stock | None:
         """Set a shard's counters, buyers' units and deadline index from its holds (see
         recount.lua); the counters as they now stand, or None for a shard not loaded."""
@@ -603,9 +613,15 @@ class RedisEngine:
         return Stock(available + held + sold, available, held, sold)
 
     async def recover(
-        self, item: SaleItem, *, last_landed_id: str, orders: Sequence[RecoveredOrder]
+        self,
+        item: SaleItem,
+        *,
+        last_landed_id: str,
+        orders: Sequence[RecoveredOrder],
+        payments: Sequence[RecoveredPayment] = (),
     ) -> Recovery:
-        """Rebuild the item from SQL's record merged with what Redis still holds (recover.lua)."""
+        """Rebuild the item from SQL's record merged with what Redis still holds, and record
+        again the payments SQL knows (recover.lua)."""
         await self._redis.sadd(items_registry(self._prefix), item.item_id)  # as load_item does
         reply = await self._call(
             ScriptName.RECOVER,
@@ -618,6 +634,8 @@ class RedisEngine:
             self.now_arg(),
             last_landed_id,
             json.dumps([list(order) for order in orders]),
+            json.dumps([list(payment) for payment in payments]),
+            extra_keys=(self.keys(item.item_id).payments,),
         )
         restored, advanced, conflicts, available, held, sold = (int(n) for n in reply[1:7])
         return Recovery(restored, advanced, conflicts, Stock(item.total, available, held, sold))
@@ -745,7 +763,9 @@ class RedisEngine:
         replies = await asyncio.gather(
             *(
                 self._scripts.call(
-                    ScriptName.SNAPSHOT, (*keys.all_fixed(), keys.transfers), (keys.item_id,)
+                    ScriptName.SNAPSHOT,
+                    (*keys.all_fixed(), keys.transfers, keys.payments),
+                    (keys.item_id,),
                 )
                 for keys in every
             )
@@ -840,7 +860,7 @@ class RedisEngine:
 
 def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
     """An ItemSnapshot from snapshot.lua's reply."""
-    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers = reply
+    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers, payments = reply
     item = _pairs(item_flat)
     complete = all(f in item for f in _ITEM_FIELDS)
     settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
@@ -860,6 +880,7 @@ def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
         shard=keys.shard,
         shards=shards,
         transfers=_transfers(_pairs(transfers)),
+        payments={p: json.loads(record) for p, record in _pairs(payments).items()},
     )
 
 
@@ -903,6 +924,15 @@ def _transition(reply: list[Any]) -> HoldTransition:
     return HoldTransition(Outcome(reply[0]), _reason(reply, 1))
 
 
+def _settlement(reply: list[Any], *, replayed: bool = False) -> PaymentSettlement:
+    """A settlement from {outcome, reason if any}: a refund's reason says why the charge goes
+    back, any other says why the hold was released."""
+    outcome = Outcome(reply[0])
+    reasons = RefundReason if outcome is Outcome.REFUND_REQUIRED else ReleaseReason
+    reason = reasons(reply[1]) if len(reply) > 1 else None
+    return PaymentSettlement(outcome, reason, replayed=replayed)
+
+
 def _hold(order_id: int, raw: str) -> Hold:
     record = json.loads(raw)
     return Hold(
@@ -913,4 +943,5 @@ def _hold(order_id: int, raw: str) -> Hold:
         state=HoldState(record["state"]),
         reason=ReleaseReason(record["reason"]) if "reason" in record else None,
         refund_required=record.get("refund_required") is True,
+        payment_id=record.get("payment_id"),
     )

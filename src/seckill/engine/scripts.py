@@ -39,11 +39,12 @@ LUA_DIR = files("seckill.engine") / "lua"
 class ScriptName(StrEnum):
     LOAD_ITEM = "load_item"
     RESERVE = "reserve"
-    CONFIRM = "confirm"
     RELEASE = "release"
     SETTLE_PAYMENT = "settle_payment"
+    CLAIM_PAYMENT = "claim_payment"
     EXPIRE_DUE = "expire_due"
     REPLAY_HOLDS = "replay_holds"
+    REPLAY_REFUNDS = "replay_refunds"
     RECOUNT = "recount"
     RECOVER = "recover"
     TRANSFER_OUT = "transfer_out"
@@ -59,18 +60,21 @@ class ScriptName(StrEnum):
 
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
 ITEM_SCRIPTS = frozenset(
-    {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
-     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
-     ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT, ScriptName.TRANSFER_IN,
-     ScriptName.ARCHIVE, ScriptName.SNAPSHOT}
+    {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT,
+     ScriptName.CLAIM_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
+     ScriptName.REPLAY_REFUNDS, ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT,
+     ScriptName.TRANSFER_IN, ScriptName.ARCHIVE, ScriptName.SNAPSHOT}
 )  # fmt: skip
 
 # Item scripts that move or count holds also take _holds.lua. The others go without: a script
 # runs all the text it is sent on every call, and each helper defined costs a closure.
 HOLD_SCRIPTS = frozenset(
-    {ScriptName.CONFIRM, ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE,
-     ScriptName.RECOUNT, ScriptName.RECOVER}
+    {ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.RECOUNT,
+     ScriptName.RECOVER}
 )  # fmt: skip
+
+# The scripts that take a payment notice share its argument rules and the payment id's record.
+PAYMENT_SCRIPTS = frozenset({ScriptName.SETTLE_PAYMENT, ScriptName.CLAIM_PAYMENT})
 
 # The waiting room's scripts take the keys of an item's queue (engine.keys.QueueKeys), the input
 # helpers of _common.lua (not its item KEYS), and _queue.lua.
@@ -83,10 +87,11 @@ QUEUE_SCRIPTS = frozenset({ScriptName.QUEUE_JOIN, ScriptName.QUEUE_PLACE, Script
 # drift. A transfer's second half is sent only once its first is acknowledged: a lost first half
 # with a received second would count the units twice. A queue position is a promise too; the
 # inlet's step and the seal are not (lost, they are taken again from the state that survived).
+# A payment id's claim keeps it to one order: lost, a second order could take it.
 # An archived shard's removal is waited on so that SQL's record of it is not ahead for long.
 WAITED_SCRIPTS = frozenset(
-    {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.CONFIRM, ScriptName.RELEASE,
-     ScriptName.SETTLE_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.TRANSFER_OUT,
+    {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT,
+     ScriptName.CLAIM_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.TRANSFER_OUT,
      ScriptName.TRANSFER_IN, ScriptName.QUEUE_JOIN, ScriptName.ARCHIVE}
 )  # fmt: skip
 
@@ -105,6 +110,7 @@ def script_text(name: ScriptName) -> str:
     parts = [
         *(["_common"] if name in ITEM_SCRIPTS | QUEUE_SCRIPTS else []),
         *(["_holds"] if name in HOLD_SCRIPTS else []),
+        *(["_payments"] if name in PAYMENT_SCRIPTS else []),
         *(["_queue"] if name in QUEUE_SCRIPTS else []),
         name.value,
     ]

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from seckill.domain.events import BadEvent, EventKind, stream_position
-from seckill.domain.holds import Hold
-from seckill.domain.orders import TRANSITIONS, OrderStatus, status_after
-from seckill.engine.audit import audit_snapshot
+from seckill.domain.holds import Hold, HoldState
+from seckill.domain.money import Accounts, Charge, account
+from seckill.domain.orders import TRANSITIONS, OrderStatus, moves_order, status_after
+from seckill.engine.audit import audit_snapshot, charges
 from seckill.engine.engine import ItemSnapshot
 from seckill.store.records import ItemBook, JournalRow, LandedOrder
 
@@ -48,6 +49,10 @@ class Drift(StrEnum):
     REDIS_REWOUND = "redis_rewound"  # SQL landed events Redis has not generated yet
     OVERDUE_HOLDS = "overdue_holds"  # held past their deadline by more than the grace
     DEAD_LETTERS = "dead_letters"  # entries the persister gave up on, not replayed
+    REFUND_MISSING_IN_SQL = "refund_missing_in_sql"  # Redis owes it; no event on its way
+    REFUND_MISSING_IN_REDIS = "refund_missing_in_redis"  # SQL landed it; Redis does not know it
+    PAYMENT_REUSED = "payment_reused"  # a payment id on two orders
+    CHARGE_UNACCOUNTED = "charge_unaccounted"  # a charge neither a sale nor a refund owed
 
 
 # Drift that only rebuilding the item from SQL repairs: Redis lost acknowledged writes.
@@ -57,6 +62,16 @@ REDIS_LOST = frozenset(
         Drift.ORDER_BEHIND_IN_REDIS,
         Drift.REDIS_LOST_ITEM,
         Drift.REDIS_REWOUND,
+        Drift.REFUND_MISSING_IN_REDIS,
+    }
+)
+# Money drift: the charges of one side, or the two sides' refunds and payments, disagree.
+MONEY_DRIFT = frozenset(
+    {
+        Drift.REFUND_MISSING_IN_SQL,
+        Drift.REFUND_MISSING_IN_REDIS,
+        Drift.PAYMENT_REUSED,
+        Drift.CHARGE_UNACCOUNTED,
     }
 )
 
@@ -70,6 +85,7 @@ class Finding:
     detail: str = ""
     order_id: int | None = None
     shard: int = 0  # the stock shard it was found on (0 for an unsharded item)
+    payment_id: str | None = None
 
 
 def _later_statuses() -> dict[OrderStatus | None, frozenset[OrderStatus]]:
@@ -143,6 +159,7 @@ def find_drift(
             )
         )
     findings += _order_findings(snapshot, book, position)
+    findings += _payment_findings(snapshot, book, position)
     findings += _redis_counter_findings(snapshot)
     findings += sql_findings(book)
     findings += _total_findings(snapshot, book)
@@ -163,15 +180,17 @@ def find_drift(
 
 def _order_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) -> list[Finding]:
     landed = {r.event_id for r in book.journal}
+    # The events of each order's life (a refund for a duplicate charge is its payment's).
     journal: dict[int, list[JournalRow]] = defaultdict(list)
     for r in book.journal:
-        if r.order_id is not None:
+        if r.order_id is not None and moves_order(r.event, r.reason):
             journal[r.order_id].append(r)
     in_flight: dict[int, list[tuple[Position, EventKind]]] = defaultdict(list)
     for entry_id, fields in snapshot.events:
         if entry_id not in landed and fields.get("order_id", "").isdigit():
             event = EventKind(fields["event"])
-            in_flight[int(fields["order_id"])].append((stream_position(entry_id), event))
+            if moves_order(event, fields.get("reason")):
+                in_flight[int(fields["order_id"])].append((stream_position(entry_id), event))
 
     findings = []
     for order_id in sorted(snapshot.holds.keys() | book.orders.keys() | journal.keys()):
@@ -232,10 +251,86 @@ def _order_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) 
     return findings
 
 
+def _payment_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) -> list[Finding]:
+    """One shard's refunds owed and paid orders' payments, Redis against SQL as of Redis's
+    position (a refund journaled and not landed yet is on its way)."""
+    landed = {r.event_id for r in book.journal}
+    on_its_way = {
+        fields.get("payment_id")
+        for entry_id, fields in snapshot.events
+        if entry_id not in landed and fields.get("event") == EventKind.REFUND_REQUIRED
+    }
+    in_redis = {c.payment_id: c for c in charges([snapshot]) if c.refund}
+    in_sql = {
+        payment_id: refund
+        for payment_id, refund in book.refunds.items()
+        if stream_position(refund.event_id) <= position
+    }
+    findings = [
+        Finding(
+            Drift.REFUND_MISSING_IN_SQL, f"payment {payment_id}", f"refund owed: {c.reason}",
+            "absent", f"order {c.order_id}", c.order_id, payment_id=payment_id,
+        )
+        for payment_id, c in sorted(in_redis.items())
+        if payment_id not in book.refunds and payment_id not in on_its_way
+    ] + [
+        Finding(
+            Drift.REFUND_MISSING_IN_REDIS, f"payment {payment_id}", "absent",
+            f"refund owed: {r.reason}", f"order {r.order_id}", r.order_id, payment_id=payment_id,
+        )
+        for payment_id, r in sorted(in_sql.items())
+        if payment_id not in in_redis
+    ]  # fmt: skip
+    for order_id, hold in sorted(snapshot.holds.items()):
+        row = book.orders.get(order_id)
+        if row is None or hold.state is not HoldState.PAID or row.status is not OrderStatus.PAID:
+            continue
+        if hold.payment_id != row.payment_id:
+            findings.append(
+                Finding(
+                    Drift.CHARGE_UNACCOUNTED, f"order {order_id}",
+                    f"paid by {hold.payment_id}", f"paid by {row.payment_id}",
+                    "the two sides name different payments", order_id,
+                )
+            )  # fmt: skip
+    return findings
+
+
+def money_findings(accounts: Accounts, side: str) -> list[Finding]:
+    """One side's charges that break the money rule (``domain.money``), as drift."""
+    return [
+        Finding(Drift.PAYMENT_REUSED, f"payment {p.split(':')[0]}", side, "-", p)
+        for p in accounts.reused
+    ] + [
+        Finding(Drift.CHARGE_UNACCOUNTED, f"payment {p.split(':')[0]}", side, "-", p)
+        for p in accounts.unaccounted
+    ]
+
+
+def sql_accounts(book: ItemBook) -> Accounts:
+    """SQL's charges: a live item's are its paid orders' payments and its refunds owed; an
+    archived item's are its payment notices too, each checked against those."""
+    paid_by = {
+        o.order_id: o.payment_id for o in book.orders.values() if o.status is OrderStatus.PAID
+    }
+    refunds = {p: r.order_id for p, r in book.refunds.items()}
+    if book.archived:
+        found = [
+            Charge(p.payment_id, p.order_id, p.outcome == "refund_required", p.reason)
+            for p in book.payments.values()
+            if p.succeeded and p.outcome in ("paid", "refund_required")
+        ]
+        return account(found, paid_by=paid_by, refunds=refunds)
+    derived = [Charge(p, o, False) for o, p in paid_by.items() if p is not None] + [
+        Charge(p, o, True) for p, o in refunds.items()
+    ]
+    return account(derived, paid_by=paid_by, refunds=refunds)
+
+
 def _redis_counter_findings(snapshot: ItemSnapshot) -> list[Finding]:
     return [
         Finding(Drift.REDIS_COUNTERS, check.name, check.detail, "-")
-        for check in audit_snapshot(snapshot, journal=False)
+        for check in audit_snapshot(snapshot, journal=False, money=False)
         if not check.ok
     ]
 

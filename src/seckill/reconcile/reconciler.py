@@ -6,16 +6,20 @@ Which side wins a repair, and why:
   landed): **Redis** wins. Every event starts in Redis, and the hold is what the buyer and the
   payment provider were told. Its events are journaled again (replay_holds.lua); the persister
   lands them, and transitions SQL already made are no-ops.
-- an order SQL has and Redis lacks or trails, a sale Redis lost, a stream behind SQL: **SQL**
-  wins. SQL holds only events Redis emitted and the persister acknowledged; Redis lost them (an
-  older AOF, a failover, a restart). The item is rebuilt from SQL (``recovery``).
+- a refund owed Redis has and SQL lacks (its event lost before it landed): **Redis** wins; its
+  `refund_required` event is journaled again from the payment's record (replay_refunds.lua).
+- an order or a refund owed SQL has and Redis lacks or trails, a sale Redis lost, a stream
+  behind SQL: **SQL** wins. SQL holds only events Redis emitted and the persister
+  acknowledged; Redis lost them (an older AOF, a failover, a restart). The item is rebuilt from
+  SQL (``recovery``).
 - an order row that disagrees with its own journal (edited by hand): the **journal** wins; it is
   the append-only record the row summarises.
 - counters that disagree with their own orders: the **orders** win, in Redis (the holds) and in
   SQL (the order rows); the counters are only their sums.
 - the item's total: **SQL** wins; items are created and changed there and warmed into Redis.
 - holds past their deadline: released now, as the reaper would.
-- dead letters, orders that went different ways (paid in one, released in the other) and order
+- dead letters, orders that went different ways (paid in one, released in the other), a
+  payment id on two orders, a charge that is neither a sale nor a refund owed, and order
   rows deleted from SQL while their journal remains: not repaired; a person decides (a refund,
   a replay once the cause is fixed, the row restored from a backup). While a row is missing
   the SQL counters are not recounted either: the orders are incomplete, so they cannot win.
@@ -33,6 +37,8 @@ from dataclasses import dataclass, field
 from seckill.domain.events import stream_position
 from seckill.domain.holds import Hold
 from seckill.domain.items import Stock
+from seckill.domain.orders import moves_order
+from seckill.engine.audit import redis_accounts
 from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
 from seckill.reconcile.drift import (
     REDIS_LOST,
@@ -41,6 +47,8 @@ from seckill.reconcile.drift import (
     dead_letter_findings,
     find_drift,
     fold,
+    money_findings,
+    sql_accounts,
     sql_findings,
 )
 from seckill.reconcile.recovery import recover_item
@@ -101,7 +109,7 @@ class Comparison:
 
 
 def _archived_findings(book: ItemBook, dead_letters: list[int]) -> list[Finding]:
-    findings = sql_findings(book)
+    findings = sql_findings(book) + money_findings(sql_accounts(book), "SQL")
     if book.units_held:
         held = str(book.units_held)
         findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", held))
@@ -173,7 +181,11 @@ class Reconciler:
             findings += [dataclasses.replace(f, shard=shard) for f in found]
         if shards > 1:
             findings += sql_findings(book)
-        return Comparison([snapshot for snapshot, _ in read], book, findings)
+        snapshots = [snapshot for snapshot, _ in read]
+        # A payment id is the item's, whatever the shards: each side's charges, over them all.
+        findings += money_findings(redis_accounts(snapshots), "Redis")
+        findings += money_findings(sql_accounts(book), "SQL")
+        return Comparison(snapshots, book, findings)
 
     async def reconcile_many(
         self, item_ids: Sequence[int], *, repair: bool = False
@@ -256,6 +268,19 @@ class Reconciler:
                     "journaled its events again (Redis wins: every event starts there)",
                     f"Redis {finding.redis}; SQL {finding.sql}",
                 )
+        for shard in sorted({f.shard for f in found if f.kind is Drift.REFUND_MISSING_IN_SQL}):
+            owed = [
+                f.payment_id
+                for f in found
+                if f.kind is Drift.REFUND_MISSING_IN_SQL and f.shard == shard and f.payment_id
+            ]
+            for payment_id in await self._engine.replay_refunds(item_id, shard, owed):
+                await journal(
+                    Drift.REFUND_MISSING_IN_SQL,
+                    f"payment {payment_id}",
+                    "journaled the refund owed again (Redis wins: every event starts there)",
+                    f"shard {shard}",
+                )
         for shard in sorted({f.shard for f in found if f.kind is Drift.REDIS_COUNTERS}):
             stock = await self._engine.recount(item_id, shard)
             await journal(
@@ -298,7 +323,9 @@ class Reconciler:
     ) -> None:
         assert finding.order_id is not None
         row = book.orders[finding.order_id]
-        events = [r for r in book.journal if r.order_id == row.order_id]
+        events = [
+            r for r in book.journal if r.order_id == row.order_id and moves_order(r.event, r.reason)
+        ]
         status = fold([(stream_position(r.event_id), r.event) for r in events])
         quantity = next((r.quantity for r in events if r.quantity), row.quantity)
         hold = await self._engine.hold(item_id, row.order_id)

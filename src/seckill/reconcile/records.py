@@ -10,12 +10,20 @@ from __future__ import annotations
 from collections import Counter
 
 from seckill.domain.items import Stock
-from seckill.engine.audit import Check, audit_shards, audit_snapshot, journal_check
+from seckill.engine.audit import (
+    Check,
+    audit_shards,
+    audit_snapshot,
+    charges,
+    journal_check,
+    money_check,
+)
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile.drift import Drift
+from seckill.reconcile.drift import Drift, sql_accounts
 from seckill.reconcile.reconciler import NEVER_OVERDUE_MS, Comparison, Reconciler
 from seckill.store.ledger import Ledger
 
+REFUND_DRIFT = frozenset({Drift.REFUND_MISSING_IN_SQL, Drift.REFUND_MISSING_IN_REDIS})
 ORDER_DRIFT = frozenset(
     {Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_MISSING_IN_REDIS, Drift.ORDER_BEHIND_IN_SQL,
      Drift.ORDER_BEHIND_IN_REDIS, Drift.ORDER_CONFLICT, Drift.SQL_ORDER_EDITED,
@@ -57,6 +65,7 @@ def _archived(compared: Comparison) -> list[Check]:
         Check("no order held", not held, f"{held} units held" if held else "none"),
         Check("SQL agrees with itself", not compared.findings,
               shown or f"{len(book.orders)} orders, {len(book.journal)} journal rows"),
+        money_check(sql_accounts(book), "SQL: "),
     ]  # fmt: skip
 
 
@@ -64,6 +73,8 @@ def _agreement(compared: Comparison) -> list[Check]:
     book, findings, holds = compared.book, compared.findings, compared.holds
     orders = [f for f in findings if f.kind in ORDER_DRIFT]
     shown = "; ".join(f"{f.kind} {f.subject}" for f in orders[:3])
+    refunds = [f for f in findings if f.kind in REFUND_DRIFT]
+    owed_in_redis = sum(c.refund for c in charges(compared.snapshots))
     return [
         Check(
             "every order in SQL",
@@ -76,7 +87,16 @@ def _agreement(compared: Comparison) -> list[Check]:
             book.stock == compared.redis_stock,
             _stocks(book.stock, compared.redis_stock),
         ),
-        journal_check("SQL", Counter(str(r.event) for r in book.journal), holds.values()),
+        journal_check(
+            "SQL", Counter(str(r.event) for r in book.journal), holds.values(), owed_in_redis
+        ),
+        money_check(sql_accounts(book), "SQL: "),
+        Check(
+            "refunds owed in SQL == Redis",
+            not refunds,
+            f"{len(book.refunds)} in SQL, {owed_in_redis} in Redis"
+            + "".join(f"; {f.kind} {f.subject}" for f in refunds[:3]),
+        ),
     ]
 
 

@@ -6,9 +6,10 @@ event the persister acknowledged; recover.lua merges that record into whatever R
 in one atomic step, so the sale goes on with no unit sold twice: counters, live holds with their
 deadlines and buyers' units all come from the merged holds.
 
-What SQL never had is not rebuilt: idempotency records (a retried key after a loss is decided
-afresh, within the per-buyer limit), rate windows and payment ids already applied (a repeated
-notice for a paid order still finds it paid).
+The payments SQL knows are recorded again: each paid order's payment and each refund owed, so
+a provider's retry is answered as before. What SQL never had is not rebuilt: idempotency records
+(a retried key after a loss is decided afresh, within the per-buyer limit), rate windows and
+failed payment notices (a repeat finds the order released or paid, and answers so).
 
 Not for an item with stock shards yet: each shard's total depends on the transfers between them,
 which a partial loss can split (see docs/stock-shards.md). ``NotRecoverable`` says so.
@@ -17,9 +18,10 @@ which a partial loss can split (see docs/stock-shards.md). ``NotRecoverable`` sa
 from __future__ import annotations
 
 from seckill.domain.events import stream_position
-from seckill.domain.outcomes import ErrorCode, InvalidRequest
+from seckill.domain.orders import OrderStatus
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.times import datetime_to_ms
-from seckill.engine.engine import RecoveredOrder, Recovery, RedisEngine
+from seckill.engine.engine import RecoveredOrder, RecoveredPayment, Recovery, RedisEngine
 from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
 
@@ -51,10 +53,22 @@ async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Rec
             o.status,
             datetime_to_ms(o.deadline_at) if o.deadline_at else 0,
             o.release_reason,
+            o.payment_id,
         )
         for o in book.orders.values()
     ]
+    payments = [
+        RecoveredPayment(o.payment_id, str(o.order_id), Outcome.PAID.value, None)
+        for o in book.orders.values()
+        if o.status is OrderStatus.PAID and o.payment_id is not None
+    ] + [
+        RecoveredPayment(r.payment_id, str(r.order_id), Outcome.REFUND_REQUIRED.value, r.reason)
+        for r in book.refunds.values()
+    ]
     newest = max((stream_position(r.event_id) for r in book.journal), default=(0, 0))
     return await engine.recover(
-        book.item.sale_item(), last_landed_id=f"{newest[0]}-{newest[1]}", orders=orders
+        book.item.sale_item(),
+        last_landed_id=f"{newest[0]}-{newest[1]}",
+        orders=orders,
+        payments=payments,
     )

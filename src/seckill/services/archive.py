@@ -220,7 +220,7 @@ class Archivist:
         for shard in reversed(range(shards)):
             for _ in range(MOVED_RETRIES):
                 remains = await self._engine.shard_remains(item_id, shard)
-                await self._ledger.keep_payments(_payments(item_id, [remains]))
+                await self._ledger.payments.keep(item_id, _payments(item_id, [remains]))
                 why = await self._engine.archive_shard(item_id, shard, remains)
                 if why is not Unsettled.MOVED:
                     break
@@ -232,6 +232,9 @@ class Archivist:
 
 
 def _payments(item_id: int, remains: list[ShardRemains]) -> list[PaymentRecord]:
+    """The notices the shards answered. A claim the item's head keeps for another shard is
+    not an answer (its shard has the answer, or its notice was never answered: its retry is
+    settled in SQL)."""
     return [
         PaymentRecord(
             payment_id=payment_id,
@@ -243,4 +246,5 @@ def _payments(item_id: int, remains: list[ShardRemains]) -> list[PaymentRecord]:
         )
         for part in remains
         for payment_id, answer in part.payments.items()
+        if "outcome" in answer
     ]

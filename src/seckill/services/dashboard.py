@@ -3,8 +3,8 @@ own counters, cheap enough to take every second.
 
 Redis is read in two round trips (three on Redis 6.2, which keeps no consumer-group lag): the
 items registry, then the items' counters beside their streams (``seckill.engine.streams``) and
-their waiting rooms, concurrently. Dead letters come from SQL, and the request, reaper and
-reconciler figures from the process's metrics registry when it has one.
+their waiting rooms, concurrently. Dead letters and refunds owed come from SQL, and the request,
+reaper and reconciler figures from the process's metrics registry when it has one.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from seckill.engine.streams import GROUP, GroupProgress, read_progress
 from seckill.observability import metrics
 from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
+from seckill.store.payments import Owed
+
+NOTHING_OWED = Owed(0, 0)
 
 # The registry holds every item ever loaded; a page about the sale at hand shows the newest.
 MAX_ITEMS = 50
@@ -41,6 +44,7 @@ class ItemView:
     queue: QueueCounts | None = None  # its waiting room; None: nobody joined
     # Every other consumer group's backlog (a bridge to a broker: "bridge-nats"), by group.
     sinks: dict[str, int] = field(default_factory=dict)
+    refunds_owed: Owed | None = None  # not given back yet; None when SQL did not answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +101,7 @@ async def take_snapshot(
         engine.item_count(),
         Queues(engine).counts(chosen),
     )
-    dead, database_available = await _dead_letters(engine, ledger, chosen)
+    dead, owed, database_available = await _from_sql(engine, ledger, chosen)
     views = [
         ItemView(
             item_id,
@@ -106,6 +110,7 @@ async def take_snapshot(
             dead.get(item_id),
             queue,
             {name: g.backlog for name, g in stream.groups.items() if name != GROUP},
+            owed.get(item_id, NOTHING_OWED) if database_available else None,
         )
         for item_id, stock, stream, queue in zip(chosen, stocks, streams, queues, strict=True)
     ]
@@ -138,20 +143,22 @@ async def _clock_and_stock(
     return now_ms, stocks
 
 
-async def _dead_letters(
+async def _from_sql(
     engine: RedisEngine, ledger: Ledger, item_ids: Sequence[int]
-) -> tuple[dict[int, int], bool]:
-    """Dead letters per item, and whether SQL answered: the dashboard matters most while it
-    does not, so its absence leaves these blank instead of failing the whole snapshot."""
+) -> tuple[dict[int, int], dict[int, Owed], bool]:
+    """Dead letters and refunds owed per item, and whether SQL answered: the dashboard matters
+    most while it does not, so its absence leaves these blank instead of failing the whole
+    snapshot."""
     try:
         counts = await asyncio.gather(
             *(ledger.dead_letter_count(engine.keys(i).events) for i in item_ids)
         )
+        owed = await ledger.payments.owed(item_ids)
     except (SQLAlchemyError, OSError) as exc:
         if not is_transient(exc):
             raise
-        return {}, False
-    return dict(zip(item_ids, counts, strict=True)), True
+        return {}, {}, False
+    return dict(zip(item_ids, counts, strict=True)), owed, True
 
 
 def read_metrics() -> ProcessMetrics:

@@ -111,7 +111,7 @@ class OrderBook:
         if settlement is not None and settlement.outcome is Outcome.UNKNOWN_ORDER:
             settlement = None
             if await self._archived(item_id):
-                settlement = await self._ledger.settle_archived_payment(
+                settlement = await self._ledger.payments.settle_archived(
                     item_id, order_id, payment_id=payment_id, succeeded=succeeded
                 )
         view = None if settlement is None else await self.find(item_id, order_id)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Final, Literal, get_args
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
-from seckill.domain.events import BadEvent, EventKind, ReleaseReason, StockEvent
+from seckill.domain.events import BadEvent, EventKind, RefundReason, StockEvent
 from seckill.domain.times import ms_to_datetime
 
 SCHEMA: Final = "seckill.order-event/1"
@@ -30,7 +30,10 @@ OrderEventKind = Literal[
     EventKind.RESERVED, EventKind.PAID, EventKind.RELEASED, EventKind.REFUND_REQUIRED
 ]
 ReasonLiteral = Literal[
-    ReleaseReason.CANCELLED, ReleaseReason.EXPIRED, ReleaseReason.PAYMENT_FAILED
+    RefundReason.CANCELLED,
+    RefundReason.EXPIRED,
+    RefundReason.PAYMENT_FAILED,
+    RefundReason.DUPLICATE_CHARGE,
 ]
 # Order ids are 64-bit: JSON carries them as decimal strings, which JavaScript cannot round (as
 # the HTTP API does).
@@ -61,8 +64,9 @@ class OrderEventBody(BaseModel):
     )
     event: OrderEventKind = Field(
         description="reserved (units held for the buyer until the deadline), paid, released "
-        "(the held units went back on sale), refund_required (paid after the hold was released: "
-        "no units, the money goes back)."
+        "(the held units went back on sale), refund_required (a payment that paid nothing: the "
+        "hold was released before it, or another payment had paid the order; its money goes "
+        "back)."
     )
     item_id: int = Field(ge=1)
     order_id: OrderIdText
@@ -75,7 +79,8 @@ class OrderEventBody(BaseModel):
     )
     deadline_ms: int | None = Field(ge=0, description="deadline, in ms since the Unix epoch.")
     reason: ReasonLiteral | None = Field(
-        description="released and refund_required only: why the hold was released."
+        description="released: why the hold was released; refund_required: why the money goes "
+        "back (the release's reason, or duplicate_charge: another payment paid the order)."
     )
     request_id: str | None = Field(
         description="reserved only: the HTTP request that made the hold (its X-Request-Id)."
@@ -83,6 +88,11 @@ class OrderEventBody(BaseModel):
     stream: str = Field(description="The Redis stream the event was read from.")
     entry_id: str = Field(description="The event's entry id in that stream.")
     shard: int = Field(ge=0, description="The item's stock shard that stream belongs to.")
+    # Added within version 1 (a consumer ignores fields it does not know).
+    payment_id: str | None = Field(
+        description="paid and refund_required only: the payment (the provider's id, unique "
+        "within the item). A refund is owed once per payment_id."
+    )
 
 
 def body_schema() -> dict[str, Any]:
@@ -133,6 +143,7 @@ def order_message(event: StockEvent, *, stream: str) -> Message | None:
         stream=stream,
         entry_id=event.event_id,
         shard=event.shard,
+        payment_id=event.payment_id,
     )
     return Message(
         message_id=message_id(stream, event.event_id),

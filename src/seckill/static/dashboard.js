@@ -159,7 +159,8 @@
       "<h3>Stock</h3>" + '<div class="chart" data-chart="stock"></div>' +
       '<dl class="numbers">' + number(id, "backlog", "backlog") +
       number(id, "pending", "pending") + number(id, "lag", "lag") +
-      number(id, "dead_letters", "dead letters") + "</dl>" +
+      number(id, "dead_letters", "dead letters") +
+      number(id, "refunds_owed", "refunds owed") + "</dl>" +
       "<h3>Stream to SQL</h3>" + '<div class="chart" data-chart="queue"></div>' +
       '<div class="muted" data-role="sinks" hidden>to brokers: <span></span></div>' +
       '<div data-role="waiting-room" hidden><h3>Waiting room</h3>' +
@@ -197,6 +198,9 @@
     setText(view.numbers.lag, item.lag);
     setText(view.numbers.dead_letters, item.dead_letters);
     view.numbers.dead_letters.className = item.dead_letters ? "bad" : "";
+    var owed = item.refunds_owed;
+    setText(view.numbers.refunds_owed, owed ? owed.count + money(owed.amount_cents) : null);
+    view.numbers.refunds_owed.className = owed && owed.count ? "bad" : "";
     push(view.t, t);
     STOCK.forEach(function (s) { push(view[s.field], redis ? redis[s.field] : null); });
     push(view.backlog, item.backlog);
@@ -268,6 +272,11 @@
     purchases.plot.outcomes = outcomes;
   }
 
+  // " (12.34)": an amount in cents, shown beside a count when there is one.
+  function money(cents) {
+    return cents ? " (" + (cents / 100).toFixed(2) + ")" : "";
+  }
+
   function showWorkers(data, now, updated) {
     var dead = 0;
     var known = data.database_available;
@@ -276,6 +285,14 @@
     setText(deadEl, known ? dead : "SQL unavailable");
     deadEl.className = known && dead === 0 ? "ok" : "bad";
     setText($("dead-letters-recorded"), data.dead_letters_recorded);
+    var refunds = 0;
+    var cents = 0;
+    data.items.forEach(function (i) {
+      if (i.refunds_owed) { refunds += i.refunds_owed.count; cents += i.refunds_owed.amount_cents; }
+    });
+    var owedEl = $("refunds-owed");
+    setText(owedEl, known ? refunds + money(cents) : "SQL unavailable");
+    owedEl.className = known && refunds === 0 ? "ok" : "bad";
     var reaper = data.reaper;
     setText($("reaper-last-pass"), when(reaper.last_pass_at, now) || "none seen by this process");
     setText($("reaper-releases"), reaper.releases);

@@ -10,7 +10,8 @@ forbids); landing then raises AheadOfStream and the persister waits for the rele
 
 A batch costs a handful of statements whatever its size: one to lock its orders, the journal
 rows and the new orders in bulk by the fastest way each driver offers (``Bulk`` below, the only
-code here that knows a driver), and one counter update per item.
+code here that knows a driver), and one counter update per item. A `refund_required` event also
+records its refund owed, once per payment (a few statements, when the batch has any).
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Update
 
 from seckill.domain.events import TRANSFERS, AheadOfStream, BadEvent, EventKind, StockEvent
-from seckill.domain.orders import RELEASED_STATUSES, Moves, OrderStatus, transition
+from seckill.domain.orders import RELEASED_STATUSES, Moves, OrderStatus, moves_order, transition
 from seckill.domain.times import ms_to_datetime
-from seckill.store.tables import Inventory, Item, Order, StockFlow, UTCDateTime
+from seckill.store.tables import Inventory, Item, Order, Refund, StockFlow, UTCDateTime
 
 
 async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
@@ -100,6 +101,7 @@ class _NewOrder(_OrderState):
     reserved_at: Any
     paid_at: Any = None
     released_at: Any = None
+    payment_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -114,11 +116,12 @@ class _Advance:
     paid_at: Any = None
     released_at: Any = None
     release_reason: str | None = None
+    payment_id: str | None = None
 
     def row(self) -> tuple[Any, ...]:
         return (
             self.order_id, self.from_status.value, self.status.value, self.paid_at,
-            self.released_at, self.release_reason,
+            self.released_at, self.release_reason, self.payment_id,
         )  # fmt: skip
 
 
@@ -128,7 +131,8 @@ _JOURNAL_COLUMNS = (
 )  # fmt: skip
 _ORDER_COLUMNS = (
     "id", "item_id", "buyer", "quantity", "price_cents", "status", "release_reason",
-    "deadline_at", "request_id", "reserved_at", "paid_at", "released_at", "updated_at",
+    "deadline_at", "request_id", "reserved_at", "paid_at", "released_at", "payment_id",
+    "updated_at",
 )  # fmt: skip
 
 
@@ -187,6 +191,7 @@ class _Plan:
         self.advances: dict[int, _Advance] = {}
         self.stock: dict[int, list[int]] = {}  # item -> available, held, sold
         self.loads: dict[int, StockEvent] = {}
+        self.refunds: dict[tuple[int, str], dict[str, Any]] = {}  # (item, payment id) -> row
         self.now = datetime.now(UTC)
         self._moments: dict[int, Any] = {}
 
@@ -206,6 +211,8 @@ class _Plan:
             if event.shard == 0 and (newest is None or newest.position < event.position):
                 self.loads[event.item_id] = event
         elif event.kind not in TRANSFERS:  # units moving between shards stay the item's
+            if event.kind is EventKind.REFUND_REQUIRED:
+                self._owe_refund(event)
             moves = self._move_order(event)
             if moves is not None:
                 units = event.quantity or 0
@@ -227,6 +234,22 @@ class _Plan:
             )
         )  # fmt: skip
 
+    def _owe_refund(self, event: StockEvent) -> None:
+        """The refund owed for the event's payment (the first of the batch for it counts)."""
+        assert event.order_id is not None and event.quantity is not None and event.buyer
+        if event.payment_id is None or event.reason is None:  # journaled before refunds were
+            return
+        self.refunds.setdefault(
+            (event.item_id, event.payment_id),
+            {
+                "item_id": event.item_id, "payment_id": event.payment_id,
+                "order_id": event.order_id, "buyer": event.buyer, "quantity": event.quantity,
+                "amount_cents": self.prices[event.item_id] * event.quantity,
+                "reason": event.reason.value, "shard": event.shard, "event_id": event.event_id,
+                "owed_at": ms_to_datetime(event.at_ms), "refunded_at": None,
+            },
+        )  # fmt: skip
+
     def _move_order(self, event: StockEvent) -> Moves | None:
         """Move the event's order forward; returns how each unit moves (None: it does not)."""
         assert event.order_id is not None and event.quantity is not None and event.buyer
@@ -240,6 +263,8 @@ class _Plan:
                 f"{event.buyer!r} of item {event.item_id}; the order says {current.quantity} x "
                 f"{current.buyer!r} of item {current.item_id}"
             )
+        if not moves_order(event.kind, event.reason):
+            return None
         status = current.status if current else None
         try:
             step = transition(status, event.kind)
@@ -260,11 +285,13 @@ class _Plan:
                 request_id=event.request_id, reserved_at=at,
                 paid_at=at if new_status is OrderStatus.PAID else None,
                 released_at=at if new_status in RELEASED_STATUSES else None,
+                payment_id=event.payment_id if new_status is OrderStatus.PAID else None,
             )  # fmt: skip
         elif isinstance(current, _NewOrder):  # born in this batch: amend the row to insert
             current.status = new_status
             if new_status is OrderStatus.PAID:
                 current.paid_at = self.moment(event.at_ms)
+                current.payment_id = event.payment_id
             elif current.released_at is None:  # released now; a refund keeps its release's time
                 current.released_at = self.moment(event.at_ms)
             current.release_reason = current.release_reason or reason
@@ -277,6 +304,7 @@ class _Plan:
             advance.status = current.status = new_status
             if new_status is OrderStatus.PAID and advance.paid_at is None:
                 advance.paid_at = self.moment(event.at_ms)
+                advance.payment_id = event.payment_id
             elif new_status in RELEASED_STATUSES and advance.released_at is None:
                 advance.released_at = self.moment(event.at_ms)
             advance.release_reason = advance.release_reason or reason
@@ -290,7 +318,7 @@ class _Plan:
             (
                 order_id, o.item_id, o.buyer, o.quantity, o.price_cents, o.status.value,
                 o.release_reason, o.deadline_at, o.request_id, o.reserved_at, o.paid_at,
-                o.released_at, now,
+                o.released_at, o.payment_id, now,
             )
             for order_id, o in sorted(self.born.items())
         ]  # fmt: skip
@@ -308,6 +336,8 @@ class _Plan:
                     f"{len(rows) - moved} of orders {sorted(self.advances)} were not in the "
                     "status they moved from"
                 )
+        if self.refunds:
+            await _owe_refunds(conn, list(self.refunds.values()))
         for item_id, (available, held, sold) in self.stock.items():
             if available or held or sold:
                 await _move_stock(conn, item_id, available, held, sold)
@@ -333,7 +363,9 @@ _STOCK_FLOW: Table = StockFlow.__table__  # type: ignore[assignment]
 _ORDERS: Table = Order.__table__  # type: ignore[assignment]
 
 # An order moving forward: the values of `_Advance.row`, and the time of the move.
-_ADVANCE_PARAMETERS = ("b_id", "b_from", "b_status", "b_paid_at", "b_released_at", "b_reason")
+_ADVANCE_PARAMETERS = (
+    "b_id", "b_from", "b_status", "b_paid_at", "b_released_at", "b_reason", "b_payment_id",
+)  # fmt: skip
 _ADVANCE_ORDER = (
     update(Order)
     .where(and_(Order.id == bindparam("b_id"), Order.status == bindparam("b_from")))
@@ -348,6 +380,9 @@ _ADVANCE_ORDER = (
         release_reason=func.coalesce(
             Order.release_reason, bindparam("b_reason", type_=Order.release_reason.type)
         ),
+        payment_id=func.coalesce(
+            Order.payment_id, bindparam("b_payment_id", type_=Order.payment_id.type)
+        ),
         updated_at=bindparam("b_now"),
     )
 )
@@ -355,7 +390,7 @@ _ADVANCE_ORDER = (
 
 def _advance_from_arrays() -> Update:
     """`_ADVANCE_ORDER` for every row at once on PostgreSQL: its parameters as arrays."""
-    array_types = (BigInteger, String, String, DateTime, DateTime, String)
+    array_types = (BigInteger, String, String, DateTime, DateTime, String, String)
     moves = (
         func.unnest(
             *(
@@ -363,7 +398,9 @@ def _advance_from_arrays() -> Update:
                 for name, t in zip(_ADVANCE_PARAMETERS, array_types, strict=True)
             )
         )
-        .table_valued("id", "from_status", "status", "paid_at", "released_at", "reason")
+        .table_valued(
+            "id", "from_status", "status", "paid_at", "released_at", "reason", "payment_id"
+        )
         .render_derived(name="moves")
     )
     return (
@@ -374,12 +411,28 @@ def _advance_from_arrays() -> Update:
             paid_at=func.coalesce(Order.paid_at, moves.c.paid_at),
             released_at=func.coalesce(Order.released_at, moves.c.released_at),
             release_reason=func.coalesce(Order.release_reason, moves.c.reason),
+            payment_id=func.coalesce(Order.payment_id, moves.c.payment_id),
             updated_at=bindparam("b_now", type_=DateTime()),
         )
     )
 
 
 _ADVANCE_FROM_ARRAYS = _advance_from_arrays()
+
+
+async def _owe_refunds(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
+    """Record refunds owed, each once per payment: a refund journaled again (a repair, a
+    recovery) finds its row there already."""
+    keys = [(row["item_id"], row["payment_id"]) for row in rows]
+    found = await conn.execute(
+        select(Refund.item_id, Refund.payment_id).where(
+            tuple_(Refund.item_id, Refund.payment_id).in_(keys)
+        )
+    )
+    known = {(r.item_id, r.payment_id) for r in found}
+    fresh = [row for row, key in zip(rows, keys, strict=True) if key not in known]
+    if fresh:
+        await conn.execute(insert(Refund), fresh)
 
 
 async def _move_stock(
@@ -523,11 +576,12 @@ class MariaDBBulk(_DriverValues):
         self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
     ) -> int:
         ids, froms, statuses, *once_values = zip(*rows, strict=True)
-        # A time or reason NULL in every row is left out, as in `insert`: COALESCE(x, NULL) is x.
+        # A time, reason or payment NULL in every row is left out, as in `insert`: COALESCE(x,
+        # NULL) is x.
         once = [
             (name, values)
             for name, values in zip(
-                ("paid_at", "released_at", "release_reason"), once_values, strict=True
+                ("paid_at", "released_at", "release_reason", "payment_id"), once_values, strict=True
             )
             if values.count(None) < len(values)
         ]

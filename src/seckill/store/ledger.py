@@ -15,14 +15,11 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from seckill.domain.events import EventKind, ReleaseReason, StockEvent
-from seckill.domain.holds import PaymentSettlement
+from seckill.domain.events import EventKind, StockEvent
 from seckill.domain.items import SALE_TERMS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
-from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
-from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
-from seckill.domain.shards import home_shard
-from seckill.domain.times import datetime_to_ms
+from seckill.domain.orders import OrderStatus
 from seckill.store.landing import land_batch
+from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
     DeadLetterRecord,
     ItemBook,
@@ -30,9 +27,19 @@ from seckill.store.records import (
     LandedOrder,
     OrderRecord,
     PaymentRecord,
+    RefundRecord,
     RepairRecord,
 )
-from seckill.store.tables import DeadLetter, Inventory, Item, Order, Payment, Repair, StockFlow
+from seckill.store.tables import (
+    DeadLetter,
+    Inventory,
+    Item,
+    Order,
+    Payment,
+    Refund,
+    Repair,
+    StockFlow,
+)
 
 
 def _item_record(row: Any) -> ItemRecord:
@@ -44,6 +51,7 @@ class Ledger:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self.payments = Payments(engine)  # refunds owed, archived items' payment notices
 
     async def apply(self, events: Sequence[StockEvent]) -> int:
         """Land a batch in one transaction; returns how many events were new (see ``landing``).
@@ -129,8 +137,11 @@ class Ledger:
                     StockFlow.order_id,
                     StockFlow.quantity,
                     StockFlow.shard,
+                    StockFlow.reason,
                 ).where(StockFlow.item_id.in_(item_ids))
             )
+            refunds = await conn.execute(select(Refund).where(Refund.item_id.in_(item_ids)))
+            payments = await conn.execute(select(Payment).where(Payment.item_id.in_(item_ids)))
             records = {row.id: row for row in items}
             stock_of = {row.item_id: Stock(*row[1:]) for row in stocks}
             orders_of: dict[int, dict[int, LandedOrder]] = {i: {} for i in item_ids}
@@ -139,8 +150,16 @@ class Ledger:
             journal_of: dict[int, list[JournalRow]] = {i: [] for i in item_ids}
             for r in journal:
                 journal_of[r.item_id].append(
-                    JournalRow(r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard)
+                    JournalRow(
+                        r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard, r.reason
+                    )
                 )
+            refunds_of: dict[int, dict[str, RefundRecord]] = {i: {} for i in item_ids}
+            for refund in refunds:
+                refunds_of[refund.item_id][refund.payment_id] = refund_record(refund)
+            payments_of: dict[int, dict[str, PaymentRecord]] = {i: {} for i in item_ids}
+            for payment in payments:
+                payments_of[payment.item_id][payment.payment_id] = payment_record(payment)
             await conn.rollback()
         return {
             item_id: ItemBook(
@@ -149,6 +168,8 @@ class Ledger:
                 orders=orders_of[item_id],
                 journal=journal_of[item_id],
                 archived=item_id in records and records[item_id].archived_at is not None,
+                refunds=refunds_of[item_id],
+                payments=payments_of[item_id],
             )
             for item_id in item_ids
         }
@@ -189,72 +210,12 @@ class Ledger:
         here, and the item is marked archived (from then on every read of it answers from SQL).
         Marking an archived item again keeps its first time."""
         async with self.engine.begin() as conn:
-            await _keep_payments(conn, payments)
+            await keep_payments(conn, item_id, payments)
             await conn.execute(
                 update(Item)
                 .where(Item.id == item_id, Item.archived_at.is_(None))
                 .values(archived_at=datetime.now(UTC))
             )
-
-    async def keep_payments(self, payments: Sequence[PaymentRecord]) -> None:
-        """Record payment notices (one already recorded keeps its first answer)."""
-        async with self.engine.begin() as conn:
-            await _keep_payments(conn, payments)
-
-    async def settle_archived_payment(
-        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
-    ) -> PaymentSettlement | None:
-        """A payment notice for an order of an archived item, answered as settle_payment.lua
-        answers one in Redis: a payment id seen before gets its first answer (or refuses with
-        ``payment_id_reused``), a success for a released order is ``refund_required`` (the
-        order marked and journaled once; no stock moves: it was never sold), a paid order stays
-        paid. None: the item has no such order (nothing recorded)."""
-        async with self.engine.begin() as conn:
-            seen = (
-                await conn.execute(select(Payment).where(Payment.payment_id == payment_id))
-            ).first()
-            if seen is not None:
-                if seen.order_id != order_id or seen.succeeded != succeeded:
-                    raise InvalidRequest(
-                        ErrorCode.PAYMENT_ID_REUSED,
-                        f"payment {payment_id} was settled as "
-                        f"{'succeeded' if seen.succeeded else 'failed'} for order {seen.order_id}",
-                    )
-                reason = ReleaseReason(seen.reason) if seen.reason else None
-                return PaymentSettlement(Outcome(seen.outcome), reason, replayed=True)
-            order = (
-                await conn.execute(
-                    select(Order, Item.stock_shards)
-                    .join(Item, Item.id == Order.item_id)
-                    .where(Order.id == order_id, Order.item_id == item_id)
-                    .with_for_update()
-                )
-            ).first()
-            if order is None:
-                return None
-            status = OrderStatus(order.status)
-            reason = ReleaseReason(order.release_reason) if order.release_reason else None
-            if status is OrderStatus.PAID:
-                outcome, reason = Outcome.ALREADY_PAID, None
-            elif status not in RELEASED_STATUSES:
-                raise RuntimeError(f"archived item {item_id} has order {order_id} {status}")
-            elif not succeeded:
-                outcome = Outcome.ALREADY_RELEASED
-            else:
-                outcome = Outcome.REFUND_REQUIRED
-                if status is OrderStatus.RELEASED:
-                    await _mark_refund_required(conn, order)
-            await _keep_payments(
-                conn,
-                [
-                    PaymentRecord(
-                        payment_id=payment_id, item_id=item_id, order_id=order_id,
-                        succeeded=succeeded, outcome=outcome.value,
-                        reason=reason.value if reason else None,
-                    )
-                ],
-            )  # fmt: skip
-        return PaymentSettlement(outcome, reason)
 
     # -- repairs (the reconciler's; each is journaled with record_repair) -----------------------
 
@@ -444,52 +405,6 @@ class Ledger:
             )
 
 
-async def _keep_payments(conn: AsyncConnection, payments: Sequence[PaymentRecord]) -> None:
-    if not payments:
-        return
-    known = set(
-        (
-            await conn.execute(
-                select(Payment.payment_id).where(
-                    Payment.payment_id.in_([p.payment_id for p in payments])
-                )
-            )
-        ).scalars()
-    )
-    now = datetime.now(UTC)
-    fresh = [
-        {
-            "payment_id": p.payment_id, "item_id": p.item_id, "order_id": p.order_id,
-            "succeeded": p.succeeded, "outcome": p.outcome, "reason": p.reason,
-            "recorded_at": now,
-        }
-        for p in payments
-        if p.payment_id not in known
-    ]  # fmt: skip
-    if fresh:
-        await conn.execute(insert(Payment), fresh)
-
-
-async def _mark_refund_required(conn: AsyncConnection, order: Any) -> None:
-    """A released order of an archived item paid after all: its status and its journal row, as
-    a landed ``refund_required`` event leaves them (it moves no stock). The row is named as
-    stream entries are, by the time and, for its sequence, the order id: one per order."""
-    now = datetime.now(UTC)
-    await conn.execute(
-        update(Order)
-        .where(Order.id == order.id, Order.status == OrderStatus.RELEASED.value)
-        .values(status=OrderStatus.REFUND_REQUIRED.value, updated_at=now)
-    )
-    await conn.execute(
-        insert(StockFlow).values(
-            item_id=order.item_id, shard=home_shard(order.buyer, order.stock_shards),
-            event_id=f"{datetime_to_ms(now)}-{order.id}", event=EventKind.REFUND_REQUIRED.value,
-            order_id=order.id, quantity=order.quantity, reason=order.release_reason, at=now,
-            available_delta=0, held_delta=0, sold_delta=0,
-        )
-    )  # fmt: skip
-
-
 def _landed_order(row: Any) -> LandedOrder:
     return LandedOrder(
         order_id=row.id,
@@ -499,6 +414,7 @@ def _landed_order(row: Any) -> LandedOrder:
         status=OrderStatus(row.status),
         release_reason=row.release_reason,
         deadline_at=row.deadline_at,
+        payment_id=row.payment_id,
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from seckill.domain.events import EventKind
@@ -22,6 +22,7 @@ class LandedOrder:
     status: OrderStatus
     release_reason: str | None
     deadline_at: datetime | None
+    payment_id: str | None = None  # the payment that paid it
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class JournalRow:
     order_id: int | None
     quantity: int | None
     shard: int = 0  # the stock shard whose stream carried it
+    reason: str | None = None  # released, refund_required: why
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +71,9 @@ class ItemBook:
     orders: dict[int, LandedOrder]
     journal: list[JournalRow]
     archived: bool = False  # the item left Redis: SQL is its whole record
+    refunds: dict[str, RefundRecord] = field(default_factory=dict)  # by payment id
+    # The notices answered for the item once archived (by payment id); none while it is live.
+    payments: dict[str, PaymentRecord] = field(default_factory=dict)
 
     @property
     def units_held(self) -> int:
@@ -88,6 +93,7 @@ class ItemBook:
             },
             journal=[row for row in self.journal if row.shard == shard],
             archived=self.archived,
+            refunds={p: r for p, r in self.refunds.items() if r.shard == shard},
         )
 
 
@@ -113,3 +119,26 @@ class PaymentRecord:
     succeeded: bool
     outcome: str
     reason: str | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RefundRecord:
+    """A refund owed: a successful charge that paid nothing, one per payment (see
+    ``tables.Refund``). ``refunded_at``: when an operator marked the money given back."""
+
+    id: int
+    item_id: int
+    payment_id: str
+    order_id: int
+    buyer: str
+    quantity: int
+    amount_cents: int
+    reason: str
+    shard: int
+    event_id: str  # the `refund_required` event it landed from
+    owed_at: datetime
+    refunded_at: datetime | None
+
+    @property
+    def state(self) -> str:
+        return "owed" if self.refunded_at is None else "refunded"

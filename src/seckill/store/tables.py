@@ -126,6 +126,7 @@ class Order(Base):
     release_reason: Mapped[str | None] = mapped_column(String(16))
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     request_id: Mapped[str | None] = mapped_column(String(64))  # the API request that reserved it
+    payment_id: Mapped[str | None] = mapped_column(String(64))  # the payment that paid it
     reserved_at: Mapped[datetime] = mapped_column(UTCDateTime)
     paid_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     released_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
@@ -138,6 +139,8 @@ class Order(Base):
         ),
         Index(None, "item_id", "status"),
         Index(None, "item_id", "buyer"),
+        # A payment id names one payment of its item: it pays one order at most.
+        UniqueConstraint("item_id", "payment_id"),
     )
 
 
@@ -188,12 +191,13 @@ class DeadLetter(Base):
 class Payment(Base):
     """A payment provider's notice about an archived item's order, and the answer it got: the
     notices Redis recorded, moved here when the item was archived, and the ones that came later
-    (so a provider retrying is answered as it was, for as long as it retries)."""
+    (so a provider retrying is answered as it was, for as long as it retries). A payment id
+    names one payment of its item, as in Redis."""
 
     __tablename__ = "payments"
 
+    item_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     payment_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    item_id: Mapped[int] = mapped_column(BigInteger)
     order_id: Mapped[int] = mapped_column(BigInteger)
     succeeded: Mapped[bool] = mapped_column(Boolean)
     outcome: Mapped[str] = mapped_column(String(32))
@@ -201,6 +205,33 @@ class Payment(Base):
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
     __table_args__ = (Index(None, "order_id"),)
+
+
+class Refund(Base):
+    """A refund owed: a successful charge that paid nothing (its order was released first, or
+    another payment had paid it), one per payment, landed from its `refund_required` event
+    (``shard``, ``event_id``). An operator gives the money back and marks it refunded."""
+
+    __tablename__ = "refunds"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    item_id: Mapped[int] = mapped_column(BigInteger)
+    payment_id: Mapped[str] = mapped_column(String(64))
+    order_id: Mapped[int] = mapped_column(BigInteger)
+    buyer: Mapped[str] = mapped_column(String(64))
+    quantity: Mapped[int] = mapped_column(Integer)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(String(16))
+    shard: Mapped[int] = mapped_column(Integer)
+    event_id: Mapped[str] = mapped_column(String(41))
+    owed_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    refunded_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        UniqueConstraint("item_id", "payment_id"),
+        Index(None, "order_id"),
+        Index(None, "refunded_at", "id"),
+    )
 
 
 class Repair(Base):

@@ -86,20 +86,27 @@ local function load_hold(order_id)
   return cjson.decode(raw)
 end
 
+-- A JSON string of visible ASCII (a buyer or payment id): only a quote or a backslash needs
+-- escaping.
+local function json_text(s)
+  return s:find('["\\]') and cjson.encode(s) or '"' .. s .. '"'
+end
+
 -- A hold record: JSON {buyer, quantity, deadline_ms, state, reason (once released),
--- refund_required (once true)}, read by load_hold, recount.lua, recover.lua and Python
--- (engine._hold). Written out by hand, as cjson.encode costs several times as much and every
--- purchase writes one: each value is a number or a fixed word but the buyer, whose visible ASCII
--- needs escaping only for a quote or a backslash. Numbers may come as strings of digits.
-local function hold_json(buyer, quantity, deadline_ms, state, reason, refund_required)
-  local record = '{"buyer":' .. (buyer:find('["\\]') and cjson.encode(buyer) or '"' .. buyer .. '"')
-    .. ',"quantity":' .. quantity .. ',"deadline_ms":' .. deadline_ms .. ',"state":"' .. state .. '"'
+-- refund_required (once true), payment_id (once paid: the payment that paid it)}, read by
+-- load_hold, recount.lua, recover.lua and Python (engine._hold). Written out by hand, as
+-- cjson.encode costs several times as much and every purchase writes one: each value is a
+-- number or a fixed word but the buyer and the payment id. Numbers may come as strings of digits.
+local function hold_json(buyer, quantity, deadline_ms, state, reason, refund_required, payment_id)
+  local record = '{"buyer":' .. json_text(buyer) .. ',"quantity":' .. quantity
+    .. ',"deadline_ms":' .. deadline_ms .. ',"state":"' .. state .. '"'
   if reason then record = record .. ',"reason":"' .. reason .. '"' end
   if refund_required then record = record .. ',"refund_required":true' end
+  if payment_id then record = record .. ',"payment_id":' .. json_text(payment_id) end
   return record .. "}"
 end
 
 local function save_hold(order_id, hold)
   redis.call("HSET", K.holds, order_id, hold_json(hold.buyer, hold.quantity, hold.deadline_ms,
-    hold.state, hold.reason, hold.refund_required))
+    hold.state, hold.reason, hold.refund_required, hold.payment_id))
 end

@@ -19,36 +19,6 @@ local function release_hold(item_id, order_id, hold, reason, now)
     "buyer", hold.buyer, "quantity", q, "reason", reason, "at_ms", now)
 end
 
--- A payment succeeded (confirm.lua, settle_payment.lua): held -> paid. The deadline is the
--- contract and money never brings stock back: a hold released before the payment, or found at
--- or past its deadline (released now, as expired), is marked refund_required instead, and the
--- first such payment journals it; later ones change nothing.
-local function pay_hold(item_id, order_id, hold, now)
-  if hold.state == "paid" then return { "already_paid" } end
-  if hold.state == "held" and now >= hold.deadline_ms then
-    release_hold(item_id, order_id, hold, "expired", now)
-  end
-  if hold.state == "released" then
-    if not hold.refund_required then
-      hold.refund_required = true
-      save_hold(order_id, hold)
-      redis.call("XADD", K.events, "*", "event", "refund_required", "item_id", item_id,
-        "order_id", order_id, "buyer", hold.buyer, "quantity", hold.quantity, "reason", hold.reason,
-        "at_ms", now)
-    end
-    return { "refund_required", hold.reason }
-  end
-  local q = hold.quantity
-  redis.call("HINCRBY", K.item, "held", -q)
-  redis.call("HINCRBY", K.item, "sold", q)
-  redis.call("ZREM", K.deadlines, order_id)
-  hold.state = "paid"
-  save_hold(order_id, hold)
-  redis.call("XADD", K.events, "*", "event", "paid", "item_id", item_id, "order_id", order_id,
-    "buyer", hold.buyer, "quantity", q, "at_ms", now)
-  return { "paid" }
-end
-
 -- What a set of holds adds up to: held and paid units, units per buyer, the deadline index.
 -- Feed it each hold with tally:add(order_id, hold). Each hold is one order's own record; the
 -- counters are only their sum (recount.lua, recover.lua).

@@ -7,10 +7,16 @@
 -- released in the other) SQL wins and the order is counted as a conflict. Counters, buyers'
 -- units and the deadline index are then recomputed from the merged holds.
 --
--- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events
+-- The payments SQL knows (each paid order's payment, each refund owed) are recorded again under
+-- their payment ids, where Redis lost them, so a provider's retry is answered as it was.
+--
+-- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 payments
 -- ARGV  1 item id  2 total  3 starts_at_ms  4 ends_at_ms  5 per_buyer_limit  6 hold_ms
 --       7 now (ms; "" = Redis TIME)  8 the newest event id SQL has landed ("0-0": none)
---       9 SQL's orders: JSON [[order id (string), buyer, quantity, status, deadline_ms, reason], ...]
+--       9 SQL's orders: JSON [[order id (string), buyer, quantity, status, deadline_ms, reason,
+--         payment id or null], ...]
+--       10 SQL's successful payments: JSON [[payment id, order id (string), outcome, reason or
+--          null], ...] (outcome paid or refund_required)
 --
 -- Replies:
 --   recovered  {recovered, restored, advanced, conflicts, available, held, sold}: holds created
@@ -33,8 +39,17 @@ refused = bad_time(now)
 if refused then return refused end
 local sql_ms, sql_seq = string.match(ARGV[8], "^(%d+)-(%d+)$")
 local ok, orders = pcall(cjson.decode, ARGV[9])
-if not sql_ms or not ok or type(orders) ~= "table" then
-  return invalid("invalid_recovery", "expected the newest landed event id and a JSON list of orders")
+local paid_ok, payments = pcall(cjson.decode, ARGV[10] or "[]")
+if not sql_ms or not ok or type(orders) ~= "table" or not paid_ok or type(payments) ~= "table" then
+  return invalid("invalid_recovery",
+    "expected the newest landed event id and JSON lists of orders and payments")
+end
+
+for _, p in ipairs(payments) do
+  if not is_token(p[1], 64) or not is_id(p[2])
+    or (p[3] ~= "paid" and p[3] ~= "refund_required") then
+    return invalid("invalid_recovery", "a payment is not [payment id, order id, outcome, reason]")
+  end
 end
 
 -- Each status, and the statuses an order can move on to from it.
@@ -50,12 +65,14 @@ end
 
 local merged, restored, advanced, conflicts = {}, 0, 0, 0
 for _, o in ipairs(orders) do
-  local order_id, buyer, quantity, status, deadline, reason = o[1], o[2], o[3], o[4], o[5], o[6]
+  local order_id, buyer, quantity, status, deadline, reason, payment_id =
+    o[1], o[2], o[3], o[4], o[5], o[6], o[7]
   refused = bad_order_id(order_id)
   if refused then return refused end
   if type(buyer) ~= "string" or type(quantity) ~= "number" or LATER[status] == nil
     or type(deadline) ~= "number" then
-    return invalid("invalid_recovery", "order " .. order_id .. " is not [id, buyer, quantity, status, deadline_ms, reason]")
+    return invalid("invalid_recovery",
+      "order " .. order_id .. " is not [id, buyer, quantity, status, deadline_ms, reason, payment id]")
   end
   local hold = load_hold(order_id)
   local mine = hold and status_of(hold)
@@ -70,6 +87,7 @@ for _, o in ipairs(orders) do
         state = status == "refund_required" and "released" or status }
       if new.state == "released" then new.reason = (reason ~= cjson.null and reason) or "expired" end
       if status == "refund_required" then new.refund_required = true end
+      if status == "paid" and type(payment_id) == "string" then new.payment_id = payment_id end
       merged[order_id] = new
     end
   end
@@ -88,6 +106,11 @@ if held + sold > total then
 end
 
 for order_id, hold in pairs(merged) do save_hold(order_id, hold) end
+for _, p in ipairs(payments) do
+  local reason = p[4] ~= cjson.null and p[4] or nil
+  redis.call("HSETNX", KEYS[6], p[1],
+    cjson.encode({ order_id = p[2], succeeded = true, outcome = p[3], reason = reason }))
+end
 redis.call("HSET", K.item, "total", total, "starts_at_ms", sale.starts, "ends_at_ms", sale.ends,
   "per_buyer_limit", sale.limit, "hold_ms", sale.hold_ms)
 save_tally(total, tally)

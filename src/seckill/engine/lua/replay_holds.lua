@@ -8,8 +8,9 @@
 --
 -- Replies:
 --   {order id, ...}  the orders whose events were appended (unknown ids skipped): reserved if
---                    SQL lacks the order, then paid, released, refund_required as the hold
---                    went and SQL did not. The ledger lands each once.
+--                    SQL lacks the order, then paid (with its payment id) or released as the
+--                    hold went and SQL did not. The ledger lands each once. Refunds owed are
+--                    journaled again by payment id (replay_refunds.lua).
 -- Errors (nothing written):
 --   invalid_item_id, invalid_time, invalid_order_id, invalid_batch
 
@@ -41,14 +42,9 @@ for i = 3, #ARGV, 2 do
       journal("reserved", order_id, hold, { "deadline_ms", hold.deadline_ms })
     end
     if hold.state == "paid" and in_sql ~= "paid" then
-      journal("paid", order_id, hold, {})
-    elseif hold.state == "released" then
-      if in_sql ~= "released" and in_sql ~= "refund_required" then
-        journal("released", order_id, hold, { "reason", hold.reason })
-      end
-      if hold.refund_required and in_sql ~= "refund_required" then
-        journal("refund_required", order_id, hold, { "reason", hold.reason })
-      end
+      journal("paid", order_id, hold, hold.payment_id and { "payment_id", hold.payment_id } or {})
+    elseif hold.state == "released" and in_sql ~= "released" and in_sql ~= "refund_required" then
+      journal("released", order_id, hold, { "reason", hold.reason })
     end
     replayed[#replayed + 1] = order_id
   end

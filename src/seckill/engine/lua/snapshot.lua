@@ -1,10 +1,11 @@
 -- snapshot.lua: one stock shard's whole state, read at one instant (a script runs alone).
 --
--- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 transfers
+-- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 transfers  7 payments
 -- ARGV  1 item id
 --
 -- Replies:
---   {now ms, item hash, holds hash, buyers hash, deadlines, events, last id, transfers hash}
+--   {now ms, item hash, holds hash, buyers hash, deadlines, events, last id, transfers hash,
+--    payments hash}
 --                    each hash flat (field, value, ...); deadlines flat (order id, deadline ms,
 --                    ...); events as XRANGE gives them; last id the stream's last generated
 --                    ("0-0": no stream); now the server's clock as the script ran
@@ -31,4 +32,5 @@ return {
   redis.call("XRANGE", K.events, "-", "+"),
   last,
   redis.call("HGETALL", KEYS[6]),
+  redis.call("HGETALL", KEYS[7]),
 }

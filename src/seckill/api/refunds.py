@@ -1,0 +1,66 @@
+"""Refunds owed, for the operator who gives the money back: list them (paged, by item and
+state) and mark each refunded once done."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from seckill.api.auth import AdminIdentity
+from seckill.api.context import Context, context
+from seckill.api.errors import documented
+from seckill.api.paths import ItemId
+from seckill.api.schemas import RefundOut, RefundPageOut
+from seckill.domain.money import RefundState
+from seckill.domain.rules import MAX_ID
+from seckill.services.refunds import MAX_PAGE, list_refunds, mark_refunded
+from seckill.store.records import RefundRecord
+
+router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
+Ctx = Annotated[Context, Depends(context)]
+
+
+@router.get("/refunds", response_model=RefundPageOut, responses=documented(401, 403, 422, 503))
+async def refunds(
+    _: AdminIdentity,
+    ctx: Ctx,
+    item_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="One item's only.")] = None,
+    state: Annotated[RefundState | None, Query(description="owed or refunded.")] = None,
+    cursor: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="The `next` of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+) -> RefundPageOut:
+    """Refunds owed for successful charges that paid nothing (the order released first, or
+    paid by another payment), newest first."""
+    page = await list_refunds(
+        ctx.runtime.ledger, item_id=item_id, state=state, cursor=cursor, limit=limit
+    )
+    return RefundPageOut(
+        refunds=[refund_out(r) for r in page.refunds],
+        next=None if page.next_cursor is None else str(page.next_cursor),
+    )
+
+
+@router.post(
+    "/items/{item_id}/refunds/{payment_id:path}/refunded",
+    response_model=RefundOut,
+    responses=documented(401, 403, 404, 422, 503),
+)
+async def refunded(item_id: ItemId, payment_id: str, _: AdminIdentity, ctx: Ctx) -> RefundOut:
+    """The money of this payment's refund was given back. Idempotent: marking it again keeps
+    the first time. 404 ``unknown_refund`` when no refund is owed for that payment."""
+    return refund_out(await mark_refunded(ctx.runtime.ledger, item_id, payment_id))
+
+
+def refund_out(refund: RefundRecord) -> RefundOut:
+    return RefundOut.model_validate(
+        {
+            "item_id": refund.item_id, "payment_id": refund.payment_id,
+            "order_id": str(refund.order_id), "buyer": refund.buyer,
+            "quantity": refund.quantity, "amount_cents": refund.amount_cents,
+            "reason": refund.reason, "state": refund.state, "owed_at": refund.owed_at,
+            "refunded_at": refund.refunded_at,
+        }
+    )  # fmt: skip

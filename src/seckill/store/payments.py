@@ -1,0 +1,291 @@
+"""Money in SQL: the refunds owed, and the payment notices of archived items.
+
+A refund owed is landed from its `refund_required` event (``landing``), one per payment; an
+operator lists them and marks each refunded once the money is given back. Payment notices live
+in Redis while their item is on sale; archiving moves them here (``keep``), and a notice that
+comes later for an archived item is settled here, with the answers Redis would give
+(``settle_archived``). A payment id names one payment of its item, here as in Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from seckill.domain.events import EventKind, RefundReason, ReleaseReason
+from seckill.domain.holds import PaymentSettlement
+from seckill.domain.money import RefundState
+from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.shards import home_shard
+from seckill.domain.times import datetime_to_ms
+from seckill.store.records import PaymentRecord, RefundRecord
+from seckill.store.tables import Item, Order, Payment, Refund, StockFlow
+
+
+@dataclass(frozen=True, slots=True)
+class RefundPage:
+    """Refunds, newest first, and the cursor of the next (older) page: None when none is left."""
+
+    refunds: list[RefundRecord]
+    next_cursor: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Owed:
+    """An item's refunds still owed: how many, and how much."""
+
+    count: int
+    amount_cents: int
+
+
+class Payments:
+    """The money query family of the ledger (``Ledger.payments``)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def refunds(
+        self,
+        *,
+        item_id: int | None = None,
+        state: RefundState | None = None,
+        before: int | None = None,
+        limit: int = 100,
+    ) -> RefundPage:
+        """Refunds, newest first (by id), of one item or every one, owed or refunded or both;
+        ``before``: the cursor a previous page gave."""
+        query = select(Refund).order_by(Refund.id.desc()).limit(limit + 1)
+        if item_id is not None:
+            query = query.where(Refund.item_id == item_id)
+        if state is RefundState.OWED:
+            query = query.where(Refund.refunded_at.is_(None))
+        elif state is RefundState.REFUNDED:
+            query = query.where(Refund.refunded_at.is_not(None))
+        if before is not None:
+            query = query.where(Refund.id < before)
+        async with self.engine.connect() as conn:
+            rows = [refund_record(row) for row in await conn.execute(query)]
+        more = len(rows) > limit
+        return RefundPage(rows[:limit], rows[limit - 1].id if more else None)
+
+    async def refund(self, item_id: int, payment_id: str) -> RefundRecord | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(Refund).where(Refund.item_id == item_id, Refund.payment_id == payment_id)
+                )
+            ).first()
+        return None if row is None else refund_record(row)
+
+    async def mark_refunded(self, item_id: int, payment_id: str) -> RefundRecord | None:
+        """The money of this refund was given back: marked once (a second mark keeps the first
+        time). None: no refund is owed for that payment."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(Refund)
+                .where(
+                    Refund.item_id == item_id,
+                    Refund.payment_id == payment_id,
+                    Refund.refunded_at.is_(None),
+                )
+                .values(refunded_at=datetime.now(UTC))
+            )
+        return await self.refund(item_id, payment_id)
+
+    async def owed(self, item_ids: Sequence[int]) -> dict[int, Owed]:
+        """The refunds still owed of each item (one statement; items with none are left out)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(Refund.item_id, func.count(), func.sum(Refund.amount_cents))
+                .where(Refund.item_id.in_(item_ids), Refund.refunded_at.is_(None))
+                .group_by(Refund.item_id)
+            )
+            return {item_id: Owed(int(count), int(cents)) for item_id, count, cents in rows}
+
+    async def keep(self, item_id: int, payments: Sequence[PaymentRecord]) -> None:
+        """Record an item's payment notices (one already recorded keeps its first answer)."""
+        async with self.engine.begin() as conn:
+            await keep_payments(conn, item_id, payments)
+
+    async def settle_archived(
+        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
+    ) -> PaymentSettlement | None:
+        """A payment notice for an order of an archived item, answered as settle_payment.lua
+        answers one in Redis: a payment id seen before gets its first answer (or refuses with
+        ``payment_id_reused``); a success that pays nothing (the order released, or paid by
+        another payment) is a refund owed, recorded with its journal row (no stock moves: the
+        order was never sold); a paid order stays paid. None: the item has no such order
+        (nothing recorded)."""
+        async with self.engine.begin() as conn:
+            await _lock_item(conn, item_id)
+            seen = (
+                await conn.execute(
+                    select(Payment).where(
+                        Payment.item_id == item_id, Payment.payment_id == payment_id
+                    )
+                )
+            ).first()
+            if seen is not None:
+                return _replayed(payment_record(seen), order_id, succeeded)
+            order = (
+                await conn.execute(
+                    select(Order, Item.stock_shards, Item.price_cents)
+                    .join(Item, Item.id == Order.item_id)
+                    .where(Order.id == order_id, Order.item_id == item_id)
+                )
+            ).first()
+            if order is None:
+                return None
+            settlement = _archived_answer(order, payment_id, succeeded)
+            if settlement.refund_owed:
+                await _owe_archived_refund(conn, order, payment_id, settlement.reason)
+            reason = settlement.reason.value if settlement.reason else None
+            await keep_payments(
+                conn,
+                item_id,
+                [
+                    PaymentRecord(
+                        payment_id=payment_id, item_id=item_id, order_id=order_id,
+                        succeeded=succeeded, outcome=settlement.outcome.value, reason=reason,
+                    )
+                ],
+            )  # fmt: skip
+        return settlement
+
+
+def _replayed(first: PaymentRecord, order_id: int, succeeded: bool) -> PaymentSettlement:
+    if first.order_id != order_id or first.succeeded != succeeded:
+        raise InvalidRequest(
+            ErrorCode.PAYMENT_ID_REUSED,
+            f"payment {first.payment_id} was settled as "
+            f"{'succeeded' if first.succeeded else 'failed'} for order {first.order_id}",
+        )
+    outcome = Outcome(first.outcome)
+    reasons = RefundReason if outcome is Outcome.REFUND_REQUIRED else ReleaseReason
+    return PaymentSettlement(
+        outcome, reasons(first.reason) if first.reason else None, replayed=True
+    )
+
+
+def _archived_answer(order: Any, payment_id: str, succeeded: bool) -> PaymentSettlement:
+    """What a notice does to an archived item's order (every one is paid or released)."""
+    status = OrderStatus(order.status)
+    if status is OrderStatus.PAID:
+        if not succeeded:
+            return PaymentSettlement(Outcome.ALREADY_PAID)
+        if order.payment_id == payment_id:  # its own payment, its record lost: still paid
+            return PaymentSettlement(Outcome.PAID)
+        return PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason.DUPLICATE_CHARGE)
+    if status not in RELEASED_STATUSES:
+        raise RuntimeError(f"archived item {order.item_id} has order {order.id} {status}")
+    reason = ReleaseReason(order.release_reason or ReleaseReason.EXPIRED)
+    if not succeeded:
+        return PaymentSettlement(Outcome.ALREADY_RELEASED, reason)
+    return PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason(reason.value))
+
+
+async def _lock_item(conn: AsyncConnection, item_id: int) -> None:
+    """One notice of an item settled at a time, so a payment id is taken once: the item's row
+    locked (SQLite: the database's write lock, taken before the first read). Idempotent."""
+    if conn.dialect.name == "sqlite":
+        raw = (await conn.get_raw_connection()).driver_connection
+        if raw is not None and not raw.in_transaction:
+            await conn.exec_driver_sql("BEGIN IMMEDIATE")
+    else:
+        await conn.execute(select(Item.id).where(Item.id == item_id).with_for_update())
+
+
+async def _owe_archived_refund(
+    conn: AsyncConnection, order: Any, payment_id: str, reason: Any
+) -> None:
+    """A refund owed for an archived item's order, with its journal row, as a landed
+    `refund_required` event leaves them (it moves no stock). The first for a released order
+    marks it refund_required. The journal row is named as stream entries are: the time, and a
+    sequence unique within it (the item's notices are settled one at a time)."""
+    now = datetime.now(UTC)
+    shard = home_shard(order.buyer, order.stock_shards)
+    prefix = f"{datetime_to_ms(now)}-"
+    taken = await conn.execute(
+        select(func.count())
+        .select_from(StockFlow)
+        .where(
+            StockFlow.item_id == order.item_id,
+            StockFlow.shard == shard,
+            StockFlow.event_id.startswith(prefix),
+        )
+    )
+    event_id = f"{prefix}{int(taken.scalar_one())}"
+    if reason is not RefundReason.DUPLICATE_CHARGE and order.status == OrderStatus.RELEASED:
+        await conn.execute(
+            update(Order)
+            .where(Order.id == order.id, Order.status == OrderStatus.RELEASED.value)
+            .values(status=OrderStatus.REFUND_REQUIRED.value, updated_at=now)
+        )
+    await conn.execute(
+        insert(StockFlow).values(
+            item_id=order.item_id, shard=shard, event_id=event_id,
+            event=EventKind.REFUND_REQUIRED.value, order_id=order.id, quantity=order.quantity,
+            reason=reason.value, at=now, available_delta=0, held_delta=0, sold_delta=0,
+        )
+    )  # fmt: skip
+    await conn.execute(
+        insert(Refund).values(
+            item_id=order.item_id, payment_id=payment_id, order_id=order.id, buyer=order.buyer,
+            quantity=order.quantity, amount_cents=order.price_cents * order.quantity,
+            reason=reason.value, shard=shard, event_id=event_id, owed_at=now, refunded_at=None,
+        )
+    )  # fmt: skip
+
+
+async def keep_payments(
+    conn: AsyncConnection, item_id: int, payments: Sequence[PaymentRecord]
+) -> None:
+    """Record an item's payment notices in ``conn``'s transaction; one already recorded keeps
+    its first answer."""
+    if not payments:
+        return
+    await _lock_item(conn, item_id)
+    known = set(
+        (
+            await conn.execute(
+                select(Payment.payment_id).where(
+                    Payment.item_id == item_id,
+                    Payment.payment_id.in_([p.payment_id for p in payments]),
+                )
+            )
+        ).scalars()
+    )
+    now = datetime.now(UTC)
+    fresh = {
+        p.payment_id: {
+            "payment_id": p.payment_id, "item_id": item_id, "order_id": p.order_id,
+            "succeeded": p.succeeded, "outcome": p.outcome, "reason": p.reason,
+            "recorded_at": now,
+        }
+        for p in payments
+        if p.payment_id not in known
+    }  # fmt: skip
+    if fresh:
+        await conn.execute(insert(Payment), list(fresh.values()))
+
+
+def refund_record(row: Any) -> RefundRecord:
+    return RefundRecord(
+        id=row.id, item_id=row.item_id, payment_id=row.payment_id, order_id=row.order_id,
+        buyer=row.buyer, quantity=row.quantity, amount_cents=row.amount_cents, reason=row.reason,
+        shard=row.shard, event_id=row.event_id, owed_at=row.owed_at,
+        refunded_at=row.refunded_at,
+    )  # fmt: skip
+
+
+def payment_record(row: Any) -> PaymentRecord:
+    return PaymentRecord(
+        payment_id=row.payment_id, item_id=row.item_id, order_id=row.order_id,
+        succeeded=row.succeeded, outcome=row.outcome, reason=row.reason,
+    )  # fmt: skip
