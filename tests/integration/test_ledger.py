@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import socket
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
@@ -27,7 +28,7 @@ from seckill.domain.outcomes import Outcome
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.records import compare_records
-from seckill.store.database import is_transient, open_database
+from seckill.store.database import is_race, is_transient, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Base, Inventory, Order
 from tests.conftest import ManualClock, new_item, pay
@@ -162,6 +163,35 @@ async def test_constraint_failures_blame_the_entries_and_lost_connections_do_not
         assert is_transient(refused.value)
     finally:
         await away.dispose()
+
+
+async def test_a_key_taken_first_is_a_race_and_a_lock_wait_is_an_outage(
+    ledger: Ledger, sql_url: str
+) -> None:
+    """What each server says when a unique key is already taken is told apart from every other
+    refusal (MariaDB's errors carry a SQLSTATE that several errors share: the number decides)."""
+    item_id = await ledger.create_item(new_item(total=10))
+    now = datetime.now(UTC)
+    row = {"id": 7, "item_id": item_id, "buyer": "b", "quantity": 1, "price_cents": 1,
+           "status": "held", "reserved_at": now, "updated_at": now}  # fmt: skip
+    async with ledger.engine.begin() as conn:
+        await conn.execute(insert(Order).values(**row))
+    with pytest.raises(DBAPIError) as taken:
+        async with ledger.engine.begin() as conn:
+            await conn.execute(insert(Order).values(**row))
+    assert is_race(taken.value) and not is_transient(taken.value)
+    with pytest.raises(DBAPIError) as broken_check:
+        async with ledger.engine.begin() as conn:
+            await conn.execute(update(Order).where(Order.id == 7).values(quantity=0))
+    assert not is_race(broken_check.value) and not is_transient(broken_check.value)
+    if make_url(sql_url).get_backend_name() != "mysql":
+        return
+    async with ledger.engine.connect() as holder, ledger.engine.connect() as waiter:
+        await holder.execute(select(Order).where(Order.id == 7).with_for_update())
+        await waiter.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 1")
+        with pytest.raises(DBAPIError) as waited:
+            await waiter.execute(update(Order).where(Order.id == 7).values(quantity=2))
+        assert is_transient(waited.value) and not is_race(waited.value)  # 1205, SQLSTATE HY000
 
 
 async def test_a_resale_ahead_of_its_release_is_refused_as_ahead_of_the_stream(

@@ -54,3 +54,26 @@ async def test_on_a_cluster(check: Check, cluster_redis: RedisCluster) -> None:
     nodes = {cluster_redis.get_node_from_key(stream).port for stream in STREAMS}
     assert len(nodes) > 1, "the streams should live on several primaries"
     await check(cluster_redis)  # type: ignore[arg-type]
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_a_lag_counted_for_entries_redis_no_longer_has_is_none(redis: Redis) -> None:
+    """A Redis restarted from an older file keeps counts of entries it no longer has: XINFO
+    GROUPS then says a group that read the stream's last entry lags (here by 40). It is drained:
+    nothing is after what it read. (XSETID ENTRIESADDED makes the same count without a restart.)"""
+    ids = [await redis.xadd(STREAMS[0], {"n": str(n)}) for n in range(3)]
+    await redis.xgroup_create(STREAMS[0], GROUP, id="0")
+    await redis.xreadgroup(GROUP, "c", {STREAMS[0]: ">"})
+    await redis.xack(STREAMS[0], GROUP, *ids)
+    await redis.execute_command("XSETID", STREAMS[0], ids[-1], "ENTRIESADDED", 43)
+    [group] = await redis.xinfo_groups(STREAMS[0])
+    assert group["lag"] == 40 and group["last-delivered-id"] == ids[-1]
+
+    [progress] = await read_progress(redis, STREAMS[:1])
+
+    assert progress.of(GROUP) == GroupProgress(pending=0, lag=0)
+    assert progress.drained
+    # A lag it does have is still counted as Redis says.
+    await redis.xadd(STREAMS[0], {"n": "3"})
+    [behind] = await read_progress(redis, STREAMS[:1])
+    assert behind.of(GROUP).lag == 41 and not behind.drained

@@ -7,8 +7,11 @@ pending + lag: what is not in the sink yet.
 
 Redis 7 says a group's lag in XINFO GROUPS (nil when it cannot tell, after deletions); Redis 6.2
 never does. Then the entries after the group's last delivered one are counted with XRANGE, up to
-``UNREAD_COUNT_CAP`` (past it the count says "at least this many"). Reads of many streams take one
-pipeline, and one more only for the groups whose lag Redis did not say.
+``UNREAD_COUNT_CAP`` (past it the count says "at least this many"). A lag Redis does say is
+checked against the stream: it counts entries added and read since the group was made, and a
+Redis restarted from an older file keeps counts of entries it no longer has, so a group that has
+read the stream's last entry lags by nothing, whatever the count says. Reads of many streams take
+one pipeline, and one more only for the groups whose lag Redis did not say or said above zero.
 """
 
 from __future__ import annotations
@@ -101,15 +104,30 @@ async def read_progress(redis: RedisClient, streams: Sequence[str]) -> list[Stre
         for group in groups
         if group.get("lag") is None
     ]
-    counts = await count_unread(redis, without_lag)
+    lagging = [
+        (stream, group)
+        for stream, groups in zip(streams, groups_of, strict=True)
+        for group in groups
+        if group.get("lag")
+    ]
+    counts = await count_unread(redis, [*without_lag, *lagging], caps=[
+        *(UNREAD_COUNT_CAP for _ in without_lag), *(1 for _ in lagging)
+    ])  # fmt: skip
     counted = {
-        (stream, group["name"]): n for (stream, group), n in zip(without_lag, counts, strict=True)
+        (stream, group["name"]): n
+        for (stream, group), n in zip(without_lag, counts[: len(without_lag)], strict=True)
     }
+    for (stream, group), n in zip(lagging, counts[len(without_lag) :], strict=True):
+        if n == 0:  # nothing after what it read: the count outlived the entries it counted
+            counted[stream, group["name"]] = 0
     return [
         StreamProgress(
             length=length,
             groups={
-                g["name"]: group_progress(g, unread=counted.get((stream, g["name"])))
+                g["name"]: group_progress(
+                    {**g, "lag": None} if (stream, g["name"]) in counted else g,
+                    unread=counted.get((stream, g["name"])),
+                )
                 for g in groups
             },
         )
@@ -118,16 +136,21 @@ async def read_progress(redis: RedisClient, streams: Sequence[str]) -> list[Stre
 
 
 async def count_unread(
-    redis: RedisClient, groups: Sequence[tuple[str, Mapping[str, Any]]]
+    redis: RedisClient,
+    groups: Sequence[tuple[str, Mapping[str, Any]]],
+    *,
+    caps: Sequence[int] | None = None,
 ) -> list[int]:
     """For each (stream, XINFO GROUPS entry): the entries after the group's last delivered one,
-    up to ``UNREAD_COUNT_CAP``, in one pipeline. Counted rather than compared with the newest
-    id: the last delivered entry may have been deleted, and then it is never delivered."""
+    up to its cap (``UNREAD_COUNT_CAP`` by default), in one pipeline. Counted rather than
+    compared with the newest id: the last delivered entry may have been deleted, and then it is
+    never delivered."""
     if not groups:
         return []
+    caps = caps or [UNREAD_COUNT_CAP] * len(groups)
     async with redis.pipeline(transaction=False) as pipe:
-        for stream, group in groups:
-            pipe.xrange(stream, min="(" + group["last-delivered-id"], count=UNREAD_COUNT_CAP)
+        for (stream, group), cap in zip(groups, caps, strict=True):
+            pipe.xrange(stream, min="(" + group["last-delivered-id"], count=cap)
         pages = await pipe.execute()
     return [len(page or ()) for page in pages]
 

@@ -95,8 +95,9 @@ PERSISTER_ROWS = Counter(
 )
 SQL_TRANSACTIONS = Counter(
     "seckill_sql_transactions_total",
-    "Persister transactions, by result: `commit`, or `failure` (the database was down, or the "
-    "batch could not land and is split or retried).",
+    "Persister transactions, by result: `commit`; `race` (another persister took a key of the "
+    "batch first: it is tried again at once); or `failure` (the database was down, or the batch "
+    "could not land and is split or retried).",
     ["result"],
 )
 DEAD_LETTERS = Counter(

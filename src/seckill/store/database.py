@@ -8,7 +8,13 @@ from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -77,6 +83,34 @@ _MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055}
 _PG_TRANSIENT = ("08", "40001", "40P01", "53", "57P")  # SQLSTATE classes and codes
 
 
+# A unique key already taken: PostgreSQL's SQLSTATE, MySQL/MariaDB's ER_DUP_ENTRY.
+_PG_UNIQUE = "23505"
+_MYSQL_UNIQUE = 1062
+
+
+def is_race(exc: BaseException) -> bool:
+    """Did a unique key refuse the write (True)? Landing looks before it writes (an order's row,
+    a journal entry, a refund), so such a refusal means a concurrent transaction took the key
+    between the look and the write, as two persisters landing the first events of one order do:
+    the batch lands on a second try, which finds the other's rows."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    code = _mysql_code(exc)
+    if code is not None:
+        return code == _MYSQL_UNIQUE
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate == _PG_UNIQUE
+    return isinstance(exc, IntegrityError) and "UNIQUE constraint failed" in str(exc.orig)
+
+
+def _mysql_code(exc: DBAPIError) -> int | None:
+    """A MySQL/MariaDB error's number (asyncmy gives a SQLSTATE too, but the number is precise:
+    a lost connection and a lock wait share HY000)."""
+    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
+    return code if isinstance(code, int) else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Is the database away or busy (True), or did it refuse what was sent (False)?
 
@@ -90,11 +124,11 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if exc.connection_invalidated:
         return True
+    code = _mysql_code(exc)
+    if code is not None:
+        return code in _MYSQL_TRANSIENT
     sqlstate = getattr(exc.orig, "sqlstate", None)
     if isinstance(sqlstate, str):
         return sqlstate.startswith(_PG_TRANSIENT)
-    code = exc.orig.args[0] if exc.orig is not None and exc.orig.args else None
-    if isinstance(code, int):
-        return code in _MYSQL_TRANSIENT
     # SQLite: "database is locked" and I/O trouble are OperationalErrors; constraints are not.
     return isinstance(exc, OperationalError | InterfaceError)

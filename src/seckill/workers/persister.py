@@ -10,6 +10,9 @@ idempotent and order-independent.
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
   lands or the worker is stopped; nothing is read meanwhile, so the backlog waits in Redis;
+- another persister's transaction took a key this batch was about to write (the row of a new
+  order whose events two batches carry): the batch is retried as it is, at once, and finds the
+  other's rows; a key still refused after ``race_retries`` tries blames the entries, as below;
 - an entry lands ahead of an earlier one still pending (a unit resold before its release
   landed): it waits, pending, and is claimed again with the earlier one, which lands first;
 - an entry cannot land (undecodable, contradicting the record): the batch is split in halves
@@ -38,13 +41,14 @@ from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
-from seckill.store.database import is_transient
+from seckill.store.database import is_race, is_transient
 from seckill.store.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
 _COMMITS = metrics.SQL_TRANSACTIONS.labels(result="commit")
 _FAILURES = metrics.SQL_TRANSACTIONS.labels(result="failure")
+_RACES = metrics.SQL_TRANSACTIONS.labels(result="race")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,6 +61,8 @@ class PersisterConfig(ReadConfig):
     linger_ms: int = 20
     max_deliveries: int = 5
     retry_pause_s: float = 0.5  # first pause while the database is down (doubles, capped)
+    retry_pause_max_s: float = 5.0
+    race_retries: int = 5  # tries of a batch a unique key refused, before it is blamed
     # A batch that takes longer is treated as an outage (a silent network drop would otherwise
     # hang the persister until TCP gives up, minutes later).
     apply_timeout_s: float = 30.0
@@ -85,6 +91,7 @@ class Persister:
         )
         self.landed = 0
         self.dead_lettered = 0
+        self.races = 0  # batches retried after another persister took a key first
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
@@ -135,6 +142,7 @@ class Persister:
         if not batch:
             return []
         pause = self.config.retry_pause_s
+        races = 0
         while True:
             try:
                 async with asyncio.timeout(self.config.apply_timeout_s):
@@ -142,6 +150,12 @@ class Persister:
                 _COMMITS.inc()
                 return [entry for entry, _ in batch]
             except Exception as exc:
+                if is_race(exc) and races < self.config.race_retries:
+                    races += 1
+                    self.races += 1
+                    _RACES.inc()
+                    log.info("another persister landed part of this batch first; trying again")
+                    continue
                 _FAILURES.inc()
                 if is_transient(exc):
                     if self._stop.is_set():
@@ -150,7 +164,7 @@ class Persister:
                         return []
                     log.warning("database unavailable (%s); retrying in %.1f s", exc, pause)
                     await asyncio.sleep(pause)
-                    pause = min(pause * 2, 5.0)
+                    pause = min(pause * 2, self.config.retry_pause_max_s)
                     continue
                 if len(batch) == 1:
                     entry = batch[0][0]
