@@ -1,9 +1,11 @@
 """A small TCP proxy a test can cut, to take a server off the network and bring it back.
 
 ``cut()`` drops every live connection at once (both sides see the connection closed) and from
-then on closes each new connection as soon as it is accepted; ``restore()`` lets connections
-through again. Plain asyncio streams: each connection is two pumps copying at most ``CHUNK``
-bytes at a time and waiting for the other side to drain, so memory stays bounded.
+then on closes each new connection as soon as it is accepted; ``black_hole()`` keeps every
+connection open and relays nothing, old or new (a host gone off the network without a reset);
+``restore()`` lets connections through again. Plain asyncio streams: each connection is two
+pumps copying at most ``CHUNK`` bytes at a time and waiting for the other side to drain, so
+memory stays bounded.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class TcpProxy:
         self.refused = 0  # connections closed on arrival (or cut while connecting)
         self._server: asyncio.Server | None = None
         self._open = True
+        self._relaying = asyncio.Event()  # cleared: a black hole, nothing goes either way
+        self._relaying.set()
         self._epoch = 0  # bumped by every cut: a connection made before it must not survive it
         self._links: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -47,9 +51,14 @@ class TcpProxy:
             client.transport.abort()
             upstream.transport.abort()
 
+    def black_hole(self) -> None:
+        """Accept connections and relay nothing on any of them until ``restore()``."""
+        self._relaying.clear()
+
     def restore(self) -> None:
-        """Forward new connections again (the ones cut stay closed)."""
+        """Forward new connections again (the ones cut stay closed), and relay again."""
         self._open = True
+        self._relaying.set()
 
     async def stop(self) -> None:
         """Stop listening, close every connection and wait for every task of the proxy."""
@@ -58,6 +67,7 @@ class TcpProxy:
             await self._server.wait_closed()
             self._server = None
         await asyncio.sleep(0)  # connections accepted just before the close get their task
+        self._relaying.set()  # nothing waits in a black hole any more
         while self._tasks:
             self.cut()
             await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -76,6 +86,7 @@ class TcpProxy:
             self.refused += 1
             client_w.transport.abort()
             return
+        await self._relaying.wait()  # a black hole holds the connection open, unanswered
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT_S):
                 upstream_r, upstream_w = await asyncio.open_connection(
@@ -94,8 +105,8 @@ class TcpProxy:
         link = (client_w, upstream_w)
         self._links.add(link)
         pumps = [
-            asyncio.create_task(_pump(client_r, upstream_w)),
-            asyncio.create_task(_pump(upstream_r, client_w)),
+            asyncio.create_task(_pump(client_r, upstream_w, self._relaying)),
+            asyncio.create_task(_pump(upstream_r, client_w, self._relaying)),
         ]
         try:
             # One side closing ends the link: these protocols never half-close on purpose.
@@ -109,8 +120,11 @@ class TcpProxy:
             await asyncio.gather(*pumps, return_exceptions=True)
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, relaying: asyncio.Event
+) -> None:
     with contextlib.suppress(ConnectionError, OSError):
         while data := await reader.read(CHUNK):
+            await relaying.wait()
             writer.write(data)
             await writer.drain()

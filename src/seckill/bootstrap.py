@@ -29,7 +29,10 @@ class Runtime:
     redis: RedisClient
     engine: RedisEngine
     order_ids: OrderIds
-    ledger: Ledger
+    ledger: Ledger  # workers and commands: the drivers' own bounds
+    # HTTP requests: every statement bounded by SECKILL_SQL_REQUEST_TIMEOUT_SECONDS (a pool of
+    # its own, opened on first use).
+    request_ledger: Ledger
     embedded_redis: RedisServer | None
 
 
@@ -83,6 +86,10 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             )
         database = open_database(settings.effective_database_url)
         stack.push_async_callback(database.dispose)
+        bounded = open_database(
+            settings.effective_database_url, deadline_s=settings.sql_request_timeout_seconds
+        )
+        stack.push_async_callback(bounded.dispose)
         if settings.database_url_is_default:
             await upgrade(database)  # the embedded SQLite file is ours to keep current
         engine = RedisEngine(
@@ -101,6 +108,7 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             engine=engine,
             order_ids=order_ids,
             ledger=Ledger(database),
+            request_ledger=Ledger(bounded),
             embedded_redis=embedded,
         )
 

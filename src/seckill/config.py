@@ -183,6 +183,15 @@ class Settings(BaseSettings):
         False, description="Whether the reconciler worker repairs what it finds, or only reports."
     )
 
+    sql_request_timeout_seconds: float = Field(
+        2.0,
+        gt=0,
+        description="The longest SQL may take to connect or answer one statement of an HTTP "
+        "request (an admin route, an order view, a notice for an archived item): past it the "
+        "request is answered 503 database_unavailable instead of waiting. Workers keep the "
+        "drivers' longer bounds.",
+    )
+
     archive_grace_seconds: float = Field(
         3_600.0,
         ge=0,

@@ -117,6 +117,46 @@ async def test_sql_down_buying_goes_on_admin_writes_503_and_the_backlog_lands(
 
 
 @single_redis
+@pytest.mark.parametrize("sql_url", SERVER_BACKENDS, indirect=True)
+async def test_sql_black_holed_admin_routes_answer_503_never_hang(
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+) -> None:
+    """SQL accepts connections and answers nothing (a host gone off the network, no reset):
+    every route that needs it answers 503 database_unavailable while it is still black-holed,
+    and buying goes on."""
+    url = make_url(sql_url)
+    assert url.host
+    proxy = TcpProxy(url.host, url.port or (5432 if "postgresql" in sql_url else 3306))
+    await proxy.start()
+    proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    settings = api_settings(
+        **redis_settings(redis_server), database_url=proxied, data_dir=tmp_path,
+        sql_request_timeout_seconds=1.0,
+    )  # fmt: skip
+    try:
+        async with running_api(settings) as api:
+            item_id = await api.create_item(total=5)
+            bought = await api.buy(item_id, "alice", "k")
+            assert bought.status_code == 202
+            proxy.black_hole()
+            for path in (
+                f"/api/v1/admin/items/{item_id}",
+                f"/api/v1/admin/items/{item_id}/audit",
+                "/api/v1/admin/refunds",
+                "/api/v1/admin/items",
+            ):
+                answer = await api.http.get(path, headers=api.as_admin)
+                assert (answer.status_code, answer.json()["error"]) == (
+                    503, "database_unavailable"
+                ), (path, answer.text)  # fmt: skip
+            assert (await api.buy(item_id, "bob", "k")).status_code == 202
+            assert not proxy._relaying.is_set()  # answered while SQL still said nothing
+    finally:
+        proxy.restore()
+        await proxy.stop()
+
+
+@single_redis
 @sqlite_only
 @pytest.mark.parametrize(
     ("body", "error"),

@@ -20,7 +20,7 @@ pytestmark = [
 
 
 async def test_an_item_reads_as_recorded_with_live_available(api: Api) -> None:
-    sql = SqlCounter(api.runtime.ledger.engine)
+    sql = SqlCounter(api.runtime.request_ledger.engine)
     item_id = await api.create_item(total=5, limit=2, hold_seconds=90)
     record = await api.runtime.ledger.item(item_id)
     assert record is not None
@@ -50,7 +50,7 @@ async def test_an_item_reads_as_recorded_with_live_available(api: Api) -> None:
 
 
 async def test_an_unknown_item_is_404_and_cached_as_absent(api: Api) -> None:
-    sql = SqlCounter(api.runtime.ledger.engine)
+    sql = SqlCounter(api.runtime.request_ledger.engine)
     unknown = 987_654_321
 
     answers = await asyncio.gather(*(api.http.get(f"/api/v1/items/{unknown}") for _ in range(30)))

@@ -55,7 +55,7 @@ async def create_item(
 ) -> ItemOut:
     """Put an item in the record (SQL). It goes on sale once warmed."""
     item_id = await create_item_service(
-        ctx.runtime.ledger, ctx.item_cache, ctx.runtime.settings,
+        ctx.ledger, ctx.item_cache, ctx.runtime.settings,
         name=body.name, price_cents=body.price_cents, total=body.total,
         starts_at=body.starts_at, ends_at=body.ends_at,
         per_buyer_limit=body.per_buyer_limit, hold_seconds=body.hold_seconds,
@@ -80,7 +80,7 @@ async def warm(
     """Load the item as SQL records it into Redis, where it is sold, and rewrite its cached
     card (what buyers read)."""
     outcome = await warm_item(
-        ctx.runtime.engine, ctx.runtime.ledger, item_id, force=force, cache=ctx.item_cache
+        ctx.runtime.engine, ctx.ledger, item_id, force=force, cache=ctx.item_cache
     )
     return WarmOut.model_validate({"item_id": item_id, "outcome": outcome.value})
 
@@ -92,7 +92,7 @@ async def warm(
 )
 async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersOut:
     """The item's counters in Redis and in SQL, side by side, and the backlog between them."""
-    found = await item_counters(ctx.runtime.engine, ctx.runtime.ledger, item_id)
+    found = await item_counters(ctx.runtime.engine, ctx.ledger, item_id)
     return ItemCountersOut(
         item_id=item_id,
         redis=_counters(found.redis),
@@ -134,7 +134,7 @@ async def archive(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ArchiveOut:
 
 def _archivist(ctx: Context) -> Archivist:
     runtime = ctx.runtime
-    return Archivist.from_settings(runtime.settings, engine=runtime.engine, ledger=runtime.ledger)
+    return Archivist.from_settings(runtime.settings, engine=runtime.engine, ledger=ctx.ledger)
 
 
 def _stage_out(name: str, starts_at: datetime, ends_at: datetime, s: Settlement) -> ItemStageOut:
@@ -154,9 +154,9 @@ async def audit(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> AuditOut:
     """Check the item's invariants in Redis, and Redis against SQL, from one look: stock
     balanced, buyers within their limit, every order in SQL, the same counters on both sides."""
     runtime = ctx.runtime
-    if await runtime.ledger.stock(item_id) is None and await runtime.engine.stock(item_id) is None:
+    if await ctx.ledger.stock(item_id) is None and await runtime.engine.stock(item_id) is None:
         raise UnknownItem(f"no item {item_id}")
-    checks = await audit_records(runtime.engine, runtime.ledger, item_id)
+    checks = await audit_records(runtime.engine, ctx.ledger, item_id)
     return AuditOut(
         item_id=item_id,
         passed=all(c.ok for c in checks),

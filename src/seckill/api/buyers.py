@@ -29,7 +29,7 @@ async def get_item(item_id: ItemId, ctx: Ctx) -> ItemOut:
     """What a buyer sees: name, price, sale window and units left (the item from a cache in
     front of SQL; the units left read live)."""
     # GET is served by seckill.api.lean_routes, ahead of the framework; HEAD comes here.
-    return item_out(await item_on_sale(ctx.item_cache, item_id, ledger=ctx.runtime.ledger))
+    return item_out(await item_on_sale(ctx.item_cache, item_id, ledger=ctx.ledger))
 
 
 def item_out(seen: ItemOnSale) -> ItemOut:

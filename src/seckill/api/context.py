@@ -17,11 +17,13 @@ from seckill.services.orders import OrderBook
 from seckill.services.purchases import Purchases
 from seckill.services.tickets import TicketGate, TicketOffice
 from seckill.services.waiting_room import WaitingRoom
+from seckill.store.ledger import Ledger
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Context:
     runtime: Runtime
+    ledger: Ledger  # the request ledger: SQL that does not answer in time is a 503
     purchases: Purchases
     orders: OrderBook
     item_cache: ItemCache
@@ -46,14 +48,15 @@ class Context:
             )
         return cls(
             runtime=runtime,
+            ledger=runtime.request_ledger,
             purchases=Purchases(
                 runtime.engine,
                 runtime.order_ids,
                 sold_out_recheck_ms=settings.sold_out_recheck_ms,
             ),
-            orders=OrderBook(engine=runtime.engine, ledger=runtime.ledger),
+            orders=OrderBook(engine=runtime.engine, ledger=runtime.request_ledger),
             item_cache=ItemCache.from_settings(
-                settings, engine=runtime.engine, source=runtime.ledger
+                settings, engine=runtime.engine, source=runtime.request_ledger
             ),
             tokens=token_codec(settings),
             payment_secret=payment_secret(settings),

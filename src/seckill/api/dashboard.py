@@ -117,7 +117,7 @@ async def dashboard_data(_: AdminIdentity, ctx: Ctx, item: ItemQuery = None) -> 
     dead letters and the refunds owed; this process's request counters and the reaper's and
     reconciler's last pass."""
     runtime = ctx.runtime
-    return _out(await take_snapshot(runtime.engine, runtime.ledger, item))
+    return _out(await take_snapshot(runtime.engine, ctx.ledger, item))
 
 
 @router.get("/dashboard", include_in_schema=False, response_class=HTMLResponse)

@@ -37,7 +37,7 @@ async def _redis(ctx: Context) -> Status:
 
 async def _database(ctx: Context) -> Status:
     try:
-        async with asyncio.timeout(_TIMEOUT_S), ctx.runtime.ledger.engine.connect() as conn:
+        async with asyncio.timeout(_TIMEOUT_S), ctx.ledger.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
     except Exception:
         return "unavailable"

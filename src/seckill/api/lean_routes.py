@@ -201,7 +201,7 @@ class LeanRoutes:
 
 
 async def read_item(ctx: Context, request: Request) -> Answer:
-    seen = await item_on_sale(ctx.item_cache, request.item_id, ledger=ctx.runtime.ledger)
+    seen = await item_on_sale(ctx.item_cache, request.item_id, ledger=ctx.ledger)
     return Answer(200, item_out(seen).model_dump_json().encode(), "200", [])
 
 

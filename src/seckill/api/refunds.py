@@ -34,9 +34,7 @@ async def refunds(
 ) -> RefundPageOut:
     """Refunds owed for successful charges that paid nothing (the order released first, or
     paid by another payment), newest first."""
-    page = await list_refunds(
-        ctx.runtime.ledger, item_id=item_id, state=state, cursor=cursor, limit=limit
-    )
+    page = await list_refunds(ctx.ledger, item_id=item_id, state=state, cursor=cursor, limit=limit)
     return RefundPageOut(
         refunds=[refund_out(r) for r in page.refunds],
         next=None if page.next_cursor is None else str(page.next_cursor),
@@ -51,7 +49,7 @@ async def refunds(
 async def refunded(item_id: ItemId, payment_id: str, _: AdminIdentity, ctx: Ctx) -> RefundOut:
     """The money of this payment's refund was given back. Idempotent: marking it again keeps
     the first time. 404 ``unknown_refund`` when no refund is owed for that payment."""
-    return refund_out(await mark_refunded(ctx.runtime.ledger, item_id, payment_id))
+    return refund_out(await mark_refunded(ctx.ledger, item_id, payment_id))
 
 
 def refund_out(refund: RefundRecord) -> RefundOut:

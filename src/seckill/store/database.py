@@ -19,14 +19,20 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
-def open_database(url: str, *, pool_size: int = 10) -> AsyncEngine:
+def open_database(url: str, *, pool_size: int = 10, deadline_s: float | None = None) -> AsyncEngine:
     """An engine for ``url``. SQLite gets WAL and a busy timeout, so several processes can share
-    the file; servers get a pre-ping so a restarted server is survived."""
+    the file; servers get a pre-ping so a restarted server is survived.
+
+    ``deadline_s``: the longest a connection, a statement or a wait for a pooled connection may
+    take before it fails as an outage (``is_transient``): for requests, which must answer (503)
+    rather than hang on a server that accepts connections and answers nothing. Without it, the
+    drivers' own (generous) bounds hold, as workers want: a batch may take a while under load."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, connect_args={"timeout": 30})
+        busy_s = deadline_s or 30.0
+        engine = create_async_engine(url, connect_args={"timeout": busy_s})
 
         @event.listens_for(engine.sync_engine, "connect")
         def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -34,7 +40,7 @@ def open_database(url: str, *, pool_size: int = 10) -> AsyncEngine:
             cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cursor.close()
 
         return engine
@@ -43,9 +49,16 @@ def open_database(url: str, *, pool_size: int = 10) -> AsyncEngine:
     if parsed.get_backend_name() in {"mysql", "mariadb"}:
         # READ COMMITTED: no gap locks, so persisters inserting new orders do not block each other.
         options["isolation_level"] = "READ COMMITTED"
-        options["connect_args"] = {"connect_timeout": 10}
+        options["connect_args"] = {"connect_timeout": deadline_s or 10}
+        if deadline_s:
+            options["connect_args"]["read_timeout"] = deadline_s
     elif parsed.get_backend_name() == "postgresql":
-        options["connect_args"] = {"timeout": 10, "command_timeout": 60}
+        options["connect_args"] = {
+            "timeout": deadline_s or 10,
+            "command_timeout": deadline_s or 60,
+        }
+    if deadline_s:
+        options["pool_timeout"] = deadline_s
     return create_async_engine(
         url, pool_size=pool_size, pool_pre_ping=True, pool_recycle=3600, **options
     )
