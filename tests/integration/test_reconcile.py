@@ -18,6 +18,7 @@ from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import Reconciler
+from seckill.reconcile.records import audit_records
 from seckill.reconcile.recovery import NotRecoverable, recover_item
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
@@ -142,6 +143,32 @@ async def test_an_edited_order_row_is_found_and_rewritten_from_its_journal(
         expected.add((Drift.CHARGE_UNACCOUNTED, None))
     assert {(f.kind, f.order_id) for f in report.found} == expected
     await repair_and_drain(sale, *{kind for kind, _ in expected})
+
+
+async def test_a_reserved_event_lost_after_its_payment_landed_is_a_gap_filled_from_the_row(
+    sale: Sale,
+) -> None:
+    """The payment landed first (it makes the row), the `reserved` was parked and then lost
+    with Redis: the row is right, the journal is not whole, and the audit said so forever."""
+    ids = [await sale.buy(f"b{n}") for n in range(3)]
+    await pay(sale.engine, sale.item_id, ids[1])  # type: ignore[arg-type]
+    stream = sale.engine.keys(sale.item_id).events
+    for entry_id, fields in await sale.engine.events(sale.item_id):
+        if (fields.get("order_id"), fields["event"]) == (str(ids[1]), "reserved"):
+            await sale.redis.xdel(stream, entry_id)
+    await drain(sale)
+    journal = await audit_records(sale.engine, sale.ledger, sale.item_id)
+    assert [c.name for c in journal if not c.ok] == ["SQL journal complete"]
+
+    report = await reconciler(sale).reconcile(sale.item_id, repair=True)
+
+    assert [(f.kind, f.order_id) for f in report.found] == [(Drift.JOURNAL_GAP, ids[1])]
+    assert report.left == []
+    assert (await sale.ledger.journal_kinds(sale.item_id))["reserved"] == 3
+    await assert_invariants(sale)
+    assert all(c.ok for c in await audit_records(sale.engine, sale.ledger, sale.item_id))
+    # Filled once: a second repair finds nothing to fill.
+    assert await sale.ledger.journal_reservations(sale.item_id, [ids[1]]) == []  # type: ignore[list-item]
 
 
 async def test_a_deleted_order_row_is_found_and_left_for_a_person(sale: Sale) -> None:

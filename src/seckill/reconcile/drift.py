@@ -42,6 +42,7 @@ class Drift(StrEnum):
     ORDER_CONFLICT = "order_conflict"  # the two went different ways (paid in one, released...)
     SQL_ORDER_EDITED = "sql_order_edited"  # an order row disagrees with its own journal
     SQL_ORDER_DELETED = "sql_order_deleted"  # an order row is gone; its journal remains
+    JOURNAL_GAP = "journal_gap"  # an order row whose `reserved` event the journal lacks
     REDIS_COUNTERS = "redis_counters"  # Redis counters disagree with Redis holds
     SQL_COUNTERS = "sql_counters"  # SQL inventory disagrees with SQL orders
     TOTAL_DIFFERS = "total_differs"  # the item's total differs, no reload on its way
@@ -206,6 +207,18 @@ def _order_findings(snapshot: ItemSnapshot, book: ItemBook, position: Position) 
             continue
         in_redis = hold.order_status if hold else None
         in_sql = row.status if row else None
+        reserved = any(r.event is EventKind.RESERVED for r in journal[order_id]) or any(
+            kind is EventKind.RESERVED for _, kind in in_flight[order_id]
+        )
+        if row is not None and not reserved:
+            # A later event landed first and its `reserved` never came (parked, then lost with
+            # a Redis that went back): the row is right, its journal is not whole.
+            findings.append(
+                Finding(
+                    Drift.JOURNAL_GAP, subject, _order(hold), _row(row),
+                    "no `reserved` event in the journal, none on its way", order_id,
+                )
+            )  # fmt: skip
         if row is None and recorded is not None:
             findings.append(
                 Finding(
@@ -366,6 +379,20 @@ def _total_findings(snapshot: ItemSnapshot, book: ItemBook) -> list[Finding]:
     if reload_in_flight or reload_after:
         return []
     return [Finding(Drift.TOTAL_DIFFERS, "total", str(snapshot.item.total), str(book.stock.total))]
+
+
+def journal_gaps(book: ItemBook) -> list[Finding]:
+    """Order rows whose `reserved` event the journal lacks, by SQL alone (an archived item's:
+    nothing can be on its way any more)."""
+    reserved = {r.order_id for r in book.journal if r.event is EventKind.RESERVED}
+    return [
+        Finding(
+            Drift.JOURNAL_GAP, f"order {order_id}", "-", _row(row),
+            "no `reserved` event in the journal", order_id,
+        )
+        for order_id, row in sorted(book.orders.items())
+        if order_id not in reserved
+    ]  # fmt: skip
 
 
 def dead_letter_findings(count: int) -> list[Finding]:

@@ -14,6 +14,9 @@ Which side wins a repair, and why:
   SQL (``recovery``).
 - an order row that disagrees with its own journal (edited by hand): the **journal** wins; it is
   the append-only record the row summarises.
+- an order row whose journal lacks its `reserved` event (a later event landed first, and the
+  `reserved` was lost with a Redis that went back): the **row** fills the gap; it holds all the
+  event said (buyer, units, times), and the event moves no stock on a row already past it.
 - counters that disagree with their own orders: the **orders** win, in Redis (the holds) and in
   SQL (the order rows); the counters are only their sums.
 - the item's total: **SQL** wins; items are created and changed there and warmed into Redis.
@@ -47,6 +50,7 @@ from seckill.reconcile.drift import (
     dead_letter_findings,
     find_drift,
     fold,
+    journal_gaps,
     money_findings,
     sql_accounts,
     sql_findings,
@@ -109,7 +113,7 @@ class Comparison:
 
 
 def _archived_findings(book: ItemBook, dead_letters: list[int]) -> list[Finding]:
-    findings = sql_findings(book) + money_findings(sql_accounts(book), "SQL")
+    findings = sql_findings(book) + money_findings(sql_accounts(book), "SQL") + journal_gaps(book)
     if book.units_held:
         held = str(book.units_held)
         findings.append(Finding(Drift.SQL_COUNTERS, "held orders", "archived", held))
@@ -268,6 +272,15 @@ class Reconciler:
                     "journaled its events again (Redis wins: every event starts there)",
                     f"Redis {finding.redis}; SQL {finding.sql}",
                 )
+        gaps = sorted(f.order_id for f in found if f.kind is Drift.JOURNAL_GAP and f.order_id)
+        if gaps:
+            filled = await self._ledger.journal_reservations(item_id, gaps)
+            await journal(
+                Drift.JOURNAL_GAP,
+                f"{len(filled)} orders",
+                "journaled each `reserved` again from its order row (the row wins)",
+                ", ".join(map(str, filled[:20])),
+            )
         for shard in sorted({f.shard for f in found if f.kind is Drift.REFUND_MISSING_IN_SQL}):
             owed = [
                 f.payment_id

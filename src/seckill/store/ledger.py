@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from seckill.domain.events import EventKind, StockEvent
 from seckill.domain.items import SALE_TERMS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
 from seckill.domain.orders import OrderStatus
+from seckill.domain.shards import home_shard
 from seckill.store.landing import land_batch
 from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
@@ -282,6 +283,45 @@ class Ledger:
                 )
             )
             return result.rowcount == 1
+
+    async def journal_reservations(self, item_id: int, order_ids: Sequence[int]) -> list[int]:
+        """Write the `reserved` journal row of each order whose journal lacks one, from the
+        order's row (its buyer, units and time; the event moves no stock on a row already past
+        it); returns the orders journaled. The row is named ``0-<order id>``: unique, and first
+        in stream order, as a `reserved` is in its order's life (and never taken for an entry
+        newer than what Redis has)."""
+        async with self.engine.begin() as conn:
+            have = select(StockFlow.order_id).where(
+                StockFlow.item_id == item_id, StockFlow.event == EventKind.RESERVED.value
+            )
+            rows = (
+                await conn.execute(
+                    select(Order, Item.stock_shards)
+                    .join(Item, Item.id == Order.item_id)
+                    .where(
+                        Order.item_id == item_id,
+                        Order.id.in_(order_ids),
+                        Order.id.not_in(have),
+                    )
+                    .order_by(Order.id)
+                )
+            ).all()
+            if rows:
+                await conn.execute(
+                    insert(StockFlow),
+                    [
+                        {
+                            "item_id": item_id, "shard": home_shard(r.buyer, r.stock_shards),
+                            "event_id": f"0-{r.id}",
+                            "event": EventKind.RESERVED.value, "order_id": r.id,
+                            "quantity": r.quantity, "reason": None, "transfer_id": None,
+                            "at": r.reserved_at, "available_delta": 0, "held_delta": 0,
+                            "sold_delta": 0,
+                        }
+                        for r in rows
+                    ],
+                )  # fmt: skip
+        return [r.id for r in rows]
 
     async def record_repair(self, repair: RepairRecord) -> None:
         async with self.engine.begin() as conn:
