@@ -182,6 +182,13 @@ class Settings(BaseSettings):
     reconcile_repair: bool = Field(
         False, description="Whether the reconciler worker repairs what it finds, or only reports."
     )
+    fence_check_seconds: float = Field(
+        0.25,
+        gt=0,
+        description="How often the reconciler worker looks for stock shards fenced after their "
+        "Redis restarted or lost writes, to check them against SQL (and rebuild what was "
+        "lost): about how long such an item answers 503 item_recovering.",
+    )
 
     sql_request_timeout_seconds: float = Field(
         2.0,

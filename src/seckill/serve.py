@@ -69,6 +69,7 @@ def build_worker(
             prefix=prefix,
             config=persister or PersisterConfig(),
             stop=stop,
+            engine=runtime.engine,
         )
         return worker, 0.0  # its read blocks in Redis instead
     if kind is WorkerKind.RECONCILER:
@@ -84,8 +85,9 @@ def build_worker(
             prefix=prefix,
             interval_s=settings.reconcile_interval_seconds,
             repair=settings.reconcile_repair,
+            engine=runtime.engine,
         )
-        return reconciler, settings.reconcile_interval_seconds
+        return reconciler, settings.fence_check_seconds
     if kind is WorkerKind.BRIDGE:
         if not runtime.settings.bridge_url:
             raise ValueError("the bridge needs a broker: set SECKILL_BRIDGE_URL (or --to)")

@@ -1,8 +1,11 @@
 """A Redis Cluster losing a master, and moving a live item's slot, in the middle of a sale.
 
 Each test starts its own cluster (3 masters with a replica each, Redis 7) and the API with its
-persister and reaper on it. Buyers hold their tickets before the sale and retry a 503 with the
-same idempotency key, as the answer's Retry-After invites them to.
+persister, reaper and reconciler on it, over an emptied database (the reconciler rebuilds every
+unfinished sale SQL records that a new Redis lacks). Buyers hold their tickets before the sale
+and retry a 503 with the same idempotency key, as the answer's Retry-After invites them to. An
+item whose slot changed node (a replica promoted, a slot moved) is fenced until the reconciler
+has checked it against SQL: its buyers see 503 item_recovering meanwhile.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from seckill.reconcile.reconciler import Reconciler
 from seckill.reconcile.records import compare_records
 from seckill.redis_cluster import LocalCluster
 from seckill.serve import WorkerKind
+from seckill.store.ledger import Ledger
 from seckill.workers.reaper import Reaper
 from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import ManualClock, open_item, redis7_binary, redis_settings
@@ -39,6 +43,7 @@ sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 BUYERS = 150  # per item, each buying one unit
 RETRY_PAUSE_S = 0.1  # a client honours Retry-After; the test shortens it to keep the sale short
 GIVE_UP_S = 45.0  # a buyer still without a final answer by then fails the test
+WORKERS = (WorkerKind.PERSISTER, WorkerKind.REAPER, WorkerKind.RECONCILER)
 
 
 @pytest.fixture
@@ -76,10 +81,23 @@ async def buy_until_answered(api: Api, buyer: Buyer) -> None:
     pytest.fail(f"{buyer.name} got no answer but 503 for {GIVE_UP_S} s")
 
 
+async def ticket_until_issued(api: Api, buyer: Buyer) -> None:
+    """A ticket; a 503 (the item fenced a moment: its slot just moved) is asked again."""
+    give_up = time.monotonic() + GIVE_UP_S
+    while time.monotonic() < give_up:
+        issued = await api.issue_ticket(buyer.item_id, buyer.name)
+        if issued.status_code != 503:
+            assert issued.status_code == 200, issued.text
+            await api.ticket(buyer.item_id, buyer.name)  # cached from now on
+            return
+        await asyncio.sleep(RETRY_PAUSE_S)
+    pytest.fail(f"{buyer.name} got no ticket but 503 for {GIVE_UP_S} s")
+
+
 async def sale(api: Api, buyers: list[Buyer], *, pace_s: float) -> None:
     """The buyers arrive one every ``pace_s`` per item, each buying until answered."""
     for buyer in buyers:  # tickets first: the sale itself is purchases
-        await api.ticket(buyer.item_id, buyer.name)
+        await ticket_until_issued(api, buyer)
     by_item: dict[int, list[Buyer]] = {}
     for buyer in buyers:
         by_item.setdefault(buyer.item_id, []).append(buyer)
@@ -129,14 +147,14 @@ async def assert_consistent(api: Api, item_ids: list[int]) -> None:
 @sqlite_only
 @pytest.mark.parametrize("durability", ["fast", "replicas"])
 async def test_a_killed_master_fails_only_its_slots_fast_and_they_resume(
-    cluster: LocalCluster, sql_url: str, tmp_path: Path, durability: str
+    cluster: LocalCluster, ledger: Ledger, sql_url: str, tmp_path: Path, durability: str
 ) -> None:
     settings = api_settings(
         **redis_settings(cluster), database_url=sql_url, data_dir=tmp_path,
         redis_durability=durability, redis_wait_timeout_ms=500,
-        reaper_interval_seconds=0.05, ticket_ttl_seconds=600,
+        reaper_interval_seconds=0.05, ticket_ttl_seconds=600, fence_check_seconds=0.05,
     )  # fmt: skip
-    async with running_api(settings, workers=(WorkerKind.PERSISTER, WorkerKind.REAPER)) as api:
+    async with running_api(settings, workers=WORKERS) as api:
         items = await one_item_per_master(api, total=BUYERS * 2)  # never sold out
         victim_port = next(iter(items))
         victim = items[victim_port]
@@ -198,13 +216,13 @@ async def test_a_killed_master_fails_only_its_slots_fast_and_they_resume(
 
 @sqlite_only
 async def test_a_live_items_slot_moves_to_another_master_mid_sale(
-    cluster: LocalCluster, sql_url: str, tmp_path: Path
+    cluster: LocalCluster, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     settings = api_settings(
         **redis_settings(cluster), database_url=sql_url, data_dir=tmp_path,
-        reaper_interval_seconds=0.05, ticket_ttl_seconds=600,
+        reaper_interval_seconds=0.05, ticket_ttl_seconds=600, fence_check_seconds=0.05,
     )  # fmt: skip
-    async with running_api(settings, workers=(WorkerKind.PERSISTER, WorkerKind.REAPER)) as api:
+    async with running_api(settings, workers=WORKERS) as api:
         units = BUYERS * 2 // 3  # sold out before the crowd is through
         item_id = await api.create_item(total=units, limit=1, hold_seconds=600)
         short_hold = await api.create_item(total=10, limit=1, hold_seconds=1)
@@ -239,7 +257,13 @@ async def test_a_live_items_slot_moves_to_another_master_mid_sale(
             key_slot(item_keys(short_hold).item.encode()),
             next(p for p in cluster.primary_ports() if p != owner_port(api, short_hold)),
         )
-        assert (await api.buy(short_hold, "late", "k")).status_code == 202
+
+        async def bought() -> bool:  # fenced a moment after its move, then checked: it sells
+            answer = await api.buy(short_hold, "late", "k")
+            assert answer.status_code in (202, 503), answer.text
+            return answer.status_code == 202
+
+        await wait_until(bought, 10, "the moved item sold again")
 
         async def released() -> bool:
             stock = await api.runtime.engine.stock(short_hold)

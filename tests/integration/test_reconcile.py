@@ -19,7 +19,7 @@ from seckill.engine.engine import RedisEngine
 from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import Reconciler
 from seckill.reconcile.records import audit_records
-from seckill.reconcile.recovery import NotRecoverable, recover_item
+from seckill.reconcile.recovery import recover_item
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Order
@@ -234,14 +234,19 @@ async def test_flushall_mid_sale_then_recover_and_the_sale_goes_on(sale: Sale) -
     before = await sale.ledger.stock(sale.item_id)
     await sale.redis.flushall()
 
-    report = await reconciler(sale).reconcile(sale.item_id)
-    assert [f.kind for f in report.found] == [Drift.REDIS_LOST_ITEM]
     with pytest.raises(InvalidRequest) as refused:  # warming would put sold units on sale again
         await warm_item(sale.engine, sale.ledger, sale.item_id)
     assert refused.value.code is ErrorCode.ITEM_ACTIVE
-    recovered = await recover_item(sale.engine, sale.ledger, sale.item_id)
-    assert recovered.stock == before
-    assert recovered.restored == len(ids)
+
+    # Lost whole, it sells nothing as it is: the reconciler rebuilds it at once, even without
+    # --repair (there is nothing in Redis to merge with), and journals it.
+    report = await reconciler(sale).reconcile(sale.item_id)
+    assert [f.kind for f in report.found] == [Drift.REDIS_LOST_ITEM]
+    assert [r.kind for r in report.repairs] == [Drift.REDIS_LOST_ITEM]
+    assert f"{len(ids)} holds restored" in report.repairs[0].detail
+    assert await sale.engine.stock(sale.item_id) == before
+    again = await recover_item(sale.engine, sale.ledger, sale.item_id)  # idempotent
+    assert (again.restored, again.advanced, again.conflicts, again.stock) == (0, 0, 0, before)
     await drain(sale)  # the persister finds the stream again
     await assert_invariants(sale)
 
@@ -261,8 +266,9 @@ async def test_only_the_lock_holder_reconciles(sale: Sale) -> None:
             redis=sale.redis,
             scripts=sale.engine.scripts,
             prefix=sale.engine.prefix,
-            interval_s=5,
+            interval_s=0,  # a whole pass at every call
             repair=False,
+            engine=sale.engine,
         )
         for _ in range(3)
     ]
@@ -277,8 +283,8 @@ async def test_a_sharded_item_is_reconciled_shard_by_shard(
     engine: RedisEngine, ledger: Ledger, redis: Redis
 ) -> None:
     """Stock over four shards, transfers between them: a healthy sale shows no drift; a counter
-    bumped on one shard is found on that shard and recounted there; rebuilding from SQL is
-    refused with the reason."""
+    bumped on one shard is found on that shard and recounted there; rebuilding it from SQL
+    changes nothing a buyer was told."""
     item_id = await ledger.create_item(
         dataclasses.replace(new_item(total=16, limit=2), stock_shards=4)
     )
@@ -296,8 +302,12 @@ async def test_a_sharded_item_is_reconciled_shard_by_shard(
     await repair_and_drain(sale, Drift.REDIS_COUNTERS)
     await assert_invariants(sale)
 
-    with pytest.raises(NotRecoverable, match="4 stock shards"):
-        await recover_item(engine, ledger, item_id)
+    holds = await engine.holds(item_id)
+    rebuilt = await recover_item(engine, ledger, item_id)
+    assert (rebuilt.restored, rebuilt.advanced, rebuilt.conflicts) == (0, 0, 0)
+    assert await engine.holds(item_id) == holds
+    await drain(sale)
+    await assert_invariants(sale)
 
 
 async def test_items_compared_together_are_each_compared_as_alone(sale: Sale) -> None:

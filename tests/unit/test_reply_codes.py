@@ -17,9 +17,8 @@ from seckill.engine.scripts import (
     ScriptName,
 )
 
-# Validated by Python alone: the key's text only reaches Redis inside a key name; whether an
-# item is archived, or settled, is SQL's to say.
-PYTHON_ONLY_ERRORS = {ErrorCode.INVALID_KEY, ErrorCode.ITEM_ARCHIVED, ErrorCode.ITEM_UNSETTLED}
+# Validated by Python alone: whether an item is archived, or settled, is SQL's to say.
+PYTHON_ONLY_ERRORS = {ErrorCode.ITEM_ARCHIVED, ErrorCode.ITEM_UNSETTLED}
 
 
 def _header(name: str) -> str:

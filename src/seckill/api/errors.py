@@ -30,7 +30,7 @@ from seckill.security.signatures import BadSignature
 from seckill.security.tickets import BadTicket
 from seckill.security.tokens import InvalidToken
 from seckill.services.items import UnknownItem
-from seckill.services.orders import OrderNotFound
+from seckill.services.orders import ItemRecovering, OrderNotFound
 from seckill.services.purchases import RequestInFlight
 from seckill.services.refunds import RefundNotFound
 from seckill.services.tickets import GateRefused, SaleClosed
@@ -67,7 +67,13 @@ REFUSALS: dict[Outcome, tuple[int, str]] = {
     Outcome.RATE_LIMITED: (429, "too many purchase attempts; retry after the time given"),
     Outcome.ALREADY_PAID: (409, "the order is paid"),
     Outcome.UNKNOWN_ORDER: (404, "no such order"),
+    Outcome.ITEM_RECOVERING: (
+        503,
+        "this item's Redis restarted or lost writes: it sells again once checked against SQL",
+    ),
 }
+# Refusals the caller should retry shortly, by themselves.
+_RETRY_SOON = {Outcome.ITEM_RECOVERING: {"Retry-After": "1"}}
 
 # Invalid input is 422, except where the input is fine but the state forbids it.
 _CONFLICTS = {
@@ -85,7 +91,7 @@ def refusal(answer: Outcome | Reservation) -> ApiError:
     which goes out as ``Retry-After``."""
     outcome = answer if isinstance(answer, Outcome) else answer.outcome
     status, message = REFUSALS[outcome]
-    headers = None
+    headers = _RETRY_SOON.get(outcome)
     if isinstance(answer, Reservation) and answer.retry_after_ms is not None:
         headers = retry_after(answer.retry_after_ms)
     return ApiError(status, outcome.value, message, headers)
@@ -118,6 +124,8 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(404, Outcome.UNKNOWN_ITEM.value, str(exc))
         case OrderNotFound():
             return ApiError(404, Outcome.UNKNOWN_ORDER.value, str(exc))
+        case ItemRecovering():
+            return refusal(Outcome.ITEM_RECOVERING)
         case RefundNotFound():
             return ApiError(404, "unknown_refund", str(exc))
         case RequestInFlight():
@@ -157,7 +165,8 @@ def answer_for(exc: Exception) -> ApiError | None:
 
 # Every exception type answer_for knows (subclasses included), for the framework's handlers.
 ANSWERED: tuple[type[Exception], ...] = (
-    ApiError, InvalidRequest, UnknownItem, OrderNotFound, RefundNotFound, RequestInFlight,
+    ApiError, InvalidRequest, UnknownItem, OrderNotFound, ItemRecovering, RefundNotFound,
+    RequestInFlight,
     InvalidToken,
     BadSignature, BadTicket, BadPass, SaleClosed, GateRefused, RedisConnectionError,
     RedisTimeoutError, NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,

@@ -77,7 +77,6 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     """Run ``work`` with everything wired from the settings; a refusal is a clear error."""
     from seckill.bootstrap import open_runtime
     from seckill.domain.outcomes import InvalidRequest
-    from seckill.reconcile.recovery import NotRecoverable
     from seckill.services.items import UnknownItem
 
     async def main() -> T:
@@ -86,5 +85,5 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(main())
-    except (InvalidRequest, UnknownItem, NotRecoverable) as exc:
+    except (InvalidRequest, UnknownItem) as exc:
         abort(exc)

@@ -69,6 +69,7 @@ class StockEvent:
     payment_id: str | None = None  # paid, refund_required: the payment it concerns
     total: int | None = None  # loaded only
     request_id: str | None = None  # reserved only: the API request that made the hold
+    idempotency_key: str | None = None  # reserved only: the buyer's key for the purchase
     transfer_id: str | None = None  # transfers only, with quantity: the units moved
 
     @property
@@ -133,5 +134,6 @@ def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> St
         payment_id=get("payment_id") or None,
         total=_number(fields, "total") if get("total") else None,
         request_id=get("request_id") or None,
+        idempotency_key=get("key") or None,
         transfer_id=get("transfer_id") or None,
     )

@@ -33,18 +33,25 @@ class Outcome(StrEnum):
     RELEASED = "released"
     ALREADY_RELEASED = "already_released"
     UNKNOWN_ORDER = "unknown_order"
+    # a stock shard fenced after Redis lost writes, or restarted: it sells nothing until verified
+    ITEM_RECOVERING = "item_recovering"
     CLAIMED = "claimed"  # a payment id claimed on the item's head, for an order on another shard
     # transfer_out / transfer_in (stock moving between an item's shards)
     TRANSFERRED = "transferred"
     # recount / recover (the reconciler's repairs)
     RECOUNTED = "recounted"
     RECOVERED = "recovered"
+    PLANNED = "planned"
     # queue_join / queue_place / queue_advance (the waiting room)
     QUEUED = "queued"
     ALREADY_QUEUED = "already_queued"
     PLACED = "placed"
     NOT_QUEUED = "not_queued"
     ADVANCED = "advanced"
+    # fence (a shard fenced, or verified again)
+    FENCED = "fenced"
+    VERIFIED = "verified"
+    MOVED = "moved"
     # archive (an item leaving Redis once settled)
     ARCHIVED = "archived"
     UNSETTLED = "unsettled"
@@ -74,6 +81,7 @@ class ErrorCode(StrEnum):
     INVALID_PAYMENT_RESULT = "invalid_payment_result"
     PAYMENT_ID_REUSED = "payment_id_reused"
     INVALID_SHARD = "invalid_shard"
+    INVALID_FENCE = "invalid_fence"
     HOLDS_EXCEED_TOTAL = "holds_exceed_total"
     INVALID_RECOVERY = "invalid_recovery"
     INVALID_TRANSFER = "invalid_transfer"

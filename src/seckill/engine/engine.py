@@ -87,6 +87,8 @@ class ItemSnapshot:
     # payment id -> its record (settle_payment.lua), JSON decoded: the notices this shard settled
     # and, on the head, the claims made for other shards.
     payments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    run: str = ""  # the run id the shard was verified under ("fenced:<why>" when fenced)
+    fenced: bool = False  # not verified under this server's run: it sells nothing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,6 +257,11 @@ class RedisEngine:
     def prefix(self) -> str:
         return self._prefix
 
+    @property
+    def idempotency_ttl_ms(self) -> int:
+        """How long a purchase's idempotency record is kept."""
+        return int(self._idempotency_ttl)
+
     def keys(self, item_id: int, shard: int = 0) -> ItemKeys:
         """The keys of an item's shard (shard 0: the item's own, all of an unsharded item's)."""
         return item_keys(item_id, self._prefix, shard)
@@ -374,8 +381,9 @@ class RedisEngine:
         reply = await self._scripts.call(
             ScriptName.RESERVE,
             script_keys,
-            (*args, self.now_arg(), *_reserve_options(self._rate_args, request_id)),
-        )
+            (*args, self.now_arg(), *_reserve_options(self._rate_args, request_id),
+             idempotency_key),
+        )  # fmt: skip
         transfer = 0
         while shards > 1 and transfer < TRANSFER_ROUNDS and _OUTCOMES[reply[0]] in _SHORT:
             transfer += 1
@@ -389,7 +397,7 @@ class RedisEngine:
             reply = await self._scripts.call(
                 ScriptName.RESERVE,
                 script_keys,
-                (*args, self.now_arg(), *_reserve_options(None, request_id)),
+                (*args, self.now_arg(), *_reserve_options(None, request_id), idempotency_key),
             )
         return _reservation(reply)
 
@@ -438,11 +446,13 @@ class RedisEngine:
     async def _deliver(
         self, item_id: int, *, source: int, to: int, transfer_id: str, units: int
     ) -> None:
-        await self._call(
+        reply = await self._call(
             ScriptName.TRANSFER_IN, item_id, transfer_id, source, units, self.now_arg(),
             extra_keys=(self.keys(item_id, to).transfers,), shard=to,
         )  # fmt: skip
-        await self._redis.zrem(self.keys(item_id, source).in_transit, transfer_id)
+        if Outcome(reply[0]) in (Outcome.TRANSFERRED, Outcome.REPLAY):
+            # Delivered; else (a fenced receiver) it stays in transit for the reaper.
+            await self._redis.zrem(self.keys(item_id, source).in_transit, transfer_id)
 
     async def deliver_in_transit(self, item_id: int, shard: int, *, limit: int = 100) -> int:
         """Deliver the transfers shard ``shard`` sent more than ``TRANSIT_GRACE_MS`` ago that are
@@ -527,6 +537,8 @@ class RedisEngine:
                 ScriptName.CLAIM_PAYMENT, item_id, *notice, shard,
                 extra_keys=(self.keys(item_id).payments,),
             )  # fmt: skip
+            if claim[0] == Outcome.ITEM_RECOVERING:
+                return PaymentSettlement(Outcome.ITEM_RECOVERING)
             shard = int(claim[1])
         reply = await self._settle(item_id, shard, notice)
         if reply[0] == Outcome.CLAIMED:  # the order left its shard (archived) since the claim
@@ -559,6 +571,31 @@ class RedisEngine:
             *(self.execute("HEXISTS", self.keys(item_id, s).holds, order_id) for s in range(shards))
         )
         return next((s for s in range(shards) if found[s]), 0)
+
+    # -- the fence (see live_run in _common.lua) ---------------------------------------------
+
+    async def fence(self, item_id: int, shard: int, why: str) -> Outcome:
+        """Fence a stock shard found behind SQL: it sells nothing until verified again."""
+        reply = await self._call(ScriptName.FENCE, item_id, "fence", "", why, shard=shard)
+        return Outcome(reply[0])
+
+    async def fenced_items(self, item_ids: Sequence[int]) -> list[int]:
+        """Of ``item_ids``, those with a fenced shard (loaded, not verified under its server's
+        run): one small script per shard, sent together (one round trip per node)."""
+        shards = [(i, s) for i in item_ids for s in range(await self.shard_count(i))]
+        replies = await asyncio.gather(
+            *(
+                self._scripts.call(ScriptName.TERMS, self.keys(i, s).all_fixed(), (i,))
+                for i, s in shards
+            )
+        )
+        return sorted({i for (i, _), reply in zip(shards, replies, strict=True) if reply[-1] == 1})
+
+    async def verify(self, item_id: int, shard: int, *, seen_run: str) -> Outcome:
+        """Lift a shard's fence once verified against SQL: ``verified``, or ``moved`` if its
+        ``run`` is no longer ``seen_run`` (fenced again meanwhile: it stays fenced)."""
+        reply = await self._call(ScriptName.FENCE, item_id, "verify", seen_run, "", shard=shard)
+        return Outcome(reply[0])
 
     # -- the reconciler's repairs (operator actions, O(holds); never on the purchase path) --------
 
@@ -619,14 +656,20 @@ class RedisEngine:
         last_landed_id: str,
         orders: Sequence[RecoveredOrder],
         payments: Sequence[RecoveredPayment] = (),
+        shard: int = 0,
+        total: int | None = None,
+        plan: bool = False,
     ) -> Recovery:
-        """Rebuild the item from SQL's record merged with what Redis still holds, and record
-        again the payments SQL knows (recover.lua)."""
+        """Rebuild one shard (an unsharded item's only one) from SQL's record merged with what
+        Redis still holds, record again the payments SQL knows, and lift the shard's fence
+        (recover.lua). ``total``: the shard's (default: the item's). ``plan``: only say what the
+        merge would come to (held and sold), writing nothing."""
         await self._redis.sadd(items_registry(self._prefix), item.item_id)  # as load_item does
+        keys = self.keys(item.item_id, shard)
         reply = await self._call(
             ScriptName.RECOVER,
             item.item_id,
-            item.total,
+            item.total if total is None else total,
             item.starts_at_ms,
             item.ends_at_ms,
             item.per_buyer_limit,
@@ -635,10 +678,16 @@ class RedisEngine:
             last_landed_id,
             json.dumps([list(order) for order in orders]),
             json.dumps([list(payment) for payment in payments]),
-            extra_keys=(self.keys(item.item_id).payments,),
+            item.stock_shards,
+            item.total,
+            "plan" if plan else "",
+            extra_keys=(keys.payments, keys.transfers, keys.in_transit),
+            shard=shard,
         )
         restored, advanced, conflicts, available, held, sold = (int(n) for n in reply[1:7])
-        return Recovery(restored, advanced, conflicts, Stock(item.total, available, held, sold))
+        return Recovery(
+            restored, advanced, conflicts, Stock(available + held + sold, available, held, sold)
+        )
 
     # redis-py types its replies loosely (bytes | str, sync | async); the client here always
     # decodes, so the reads below state the shapes they get.
@@ -659,6 +708,22 @@ class RedisEngine:
         if shards > 1:
             settings["total"] = int(raw[-1] or 0)  # the head's own total is its shard's
         return SaleItem(item_id=item_id, stock_shards=shards, **settings)
+
+    async def terms(self, item_id: int) -> tuple[SaleItem | None, bool]:
+        """The item's settings as loaded (None: not loaded), and whether its head is fenced (it
+        sells nothing until verified): one script, through the pipeliner (every ticket asks)."""
+        raw = cast(
+            list[Any], await self._scripts.call(ScriptName.TERMS, self.keys(item_id).all_fixed(),
+                                                (item_id,))
+        )  # fmt: skip
+        fenced = raw[-1] == 1
+        if any(v is None for v in raw[:5]):
+            return None, fenced
+        settings = dict(zip(_ITEM_FIELDS, (int(v) for v in raw[:5]), strict=True))
+        shards = int(raw[5] or 1)
+        if shards > 1:
+            settings["total"] = int(raw[6] or 0)  # the head's own total is its shard's
+        return SaleItem(item_id=item_id, stock_shards=shards, **settings), fenced
 
     async def stock(self, item_id: int) -> Stock | None:
         """The item's counters, or None. Unsharded: read in one command (so they are
@@ -860,7 +925,7 @@ class RedisEngine:
 
 def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
     """An ItemSnapshot from snapshot.lua's reply."""
-    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers, payments = reply
+    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers, payments, live = reply
     item = _pairs(item_flat)
     complete = all(f in item for f in _ITEM_FIELDS)
     settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
@@ -881,6 +946,8 @@ def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
         shards=shards,
         transfers=_transfers(_pairs(transfers)),
         payments={p: json.loads(record) for p, record in _pairs(payments).items()},
+        run=item.get("run", ""),
+        fenced=complete and item.get("run") != live,
     )
 
 
@@ -897,12 +964,9 @@ def _reason(reply: list[Any], at: int) -> ReleaseReason | None:
     return ReleaseReason(reply[at]) if len(reply) > at else None
 
 
-def _reserve_options(rate_args: tuple[str, str] | None, request_id: str) -> tuple[str, ...]:
-    """reserve.lua's ARGV 7-9 (rate limit, request id): left off when empty, as the script takes
-    absent for none (fewer arguments to send and for Redis to read)."""
-    if rate_args is None:
-        return ("", "", request_id) if request_id else ()
-    return (*rate_args, request_id)
+def _reserve_options(rate_args: tuple[str, str] | None, request_id: str) -> tuple[str, str, str]:
+    """reserve.lua's ARGV 7-9 (rate limit, request id; "" for none)."""
+    return (*(rate_args or ("", "")), request_id)
 
 
 # Outcome(code) through the enum's own lookup costs a microsecond a purchase; a dict does not.

@@ -56,6 +56,8 @@ class ScriptName(StrEnum):
     QUEUE_ADVANCE = "queue_advance"
     ARCHIVE = "archive"
     SNAPSHOT = "snapshot"
+    FENCE = "fence"
+    TERMS = "terms"
 
 
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
@@ -63,7 +65,8 @@ ITEM_SCRIPTS = frozenset(
     {ScriptName.LOAD_ITEM, ScriptName.RESERVE, ScriptName.RELEASE, ScriptName.SETTLE_PAYMENT,
      ScriptName.CLAIM_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
      ScriptName.REPLAY_REFUNDS, ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT,
-     ScriptName.TRANSFER_IN, ScriptName.ARCHIVE, ScriptName.SNAPSHOT}
+     ScriptName.TRANSFER_IN, ScriptName.ARCHIVE, ScriptName.SNAPSHOT, ScriptName.FENCE,
+     ScriptName.TERMS}
 )  # fmt: skip
 
 # Item scripts that move or count holds also take _holds.lua. The others go without: a script
@@ -101,7 +104,7 @@ WAITED_SCRIPTS = frozenset(
 NOTHING_PROMISED = frozenset(
     {Outcome.SOLD_OUT, Outcome.INSUFFICIENT_STOCK, Outcome.LIMIT_REACHED, Outcome.NOT_STARTED,
      Outcome.ENDED, Outcome.UNKNOWN_ITEM, Outcome.RATE_LIMITED, Outcome.KEY_REUSED,
-     Outcome.UNKNOWN_ORDER}
+     Outcome.UNKNOWN_ORDER, Outcome.ITEM_RECOVERING}
 )  # fmt: skip
 
 

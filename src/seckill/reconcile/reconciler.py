@@ -41,6 +41,7 @@ from seckill.domain.events import stream_position
 from seckill.domain.holds import Hold
 from seckill.domain.items import Stock
 from seckill.domain.orders import moves_order
+from seckill.domain.outcomes import InvalidRequest
 from seckill.engine.audit import redis_accounts
 from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
 from seckill.reconcile.drift import (
@@ -203,6 +204,42 @@ class Reconciler:
                 reports.append(await self._reconciled(item_id, compared[item_id], repair=repair))
         return reports
 
+    async def verify_fenced(self, item_ids: Sequence[int]) -> list[ItemReport]:
+        """Check every fenced item of ``item_ids`` against SQL (see live_run in _common.lua):
+        with nothing lost, each fenced shard is verified and sells again; with writes lost
+        (``REDIS_LOST`` drift), the item is rebuilt from SQL, which lifts its fences too. A
+        rebuild SQL refuses (more held and paid than the total) leaves it fenced, reported,
+        for a person (``seckill recover``). Returns a report per fenced item."""
+        reports = []
+        for item_id in await self._engine.fenced_items(item_ids):
+            compared = await self.compare(item_id)
+            lost = [f for f in compared.findings if f.kind in REDIS_LOST]
+            report = ItemReport(
+                item_id=item_id,
+                position=compared.snapshots[0].last_event_id if compared.snapshots else "",
+                redis_stock=compared.redis_stock,
+                sql_stock=compared.book.stock,
+                found=compared.findings,
+                left=compared.findings,
+            )
+            if lost:
+                try:
+                    repairs = await self._repair(item_id, lost, compared.book)
+                except InvalidRequest as refused:
+                    log.error("item %d stays fenced: rebuilding it from SQL was refused: %s",
+                              item_id, refused)  # fmt: skip
+                    reports.append(report)
+                    continue
+                report = dataclasses.replace(report, repairs=repairs, left=[])
+            else:
+                for snapshot in compared.snapshots:
+                    if snapshot.fenced:
+                        await self._engine.verify(item_id, snapshot.shard, seen_run=snapshot.run)
+                log.info("item %d verified against SQL after its Redis restarted: it sells",
+                         item_id)  # fmt: skip
+            reports.append(report)
+        return reports
+
     async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
         return await self._reconciled(item_id, await self.compare(item_id), repair=repair)
 
@@ -216,6 +253,16 @@ class Reconciler:
             found=found,
             left=found,
         )
+        lost = {f.kind for f in found} & REDIS_LOST
+        if not repair and lost:
+            # Found behind SQL: it stops selling now, and the fence check rebuilds it (an item
+            # Redis lost whole sells nothing as it is: rebuilt here, with nothing to merge).
+            if Drift.REDIS_LOST_ITEM in lost:
+                repairs = await self._repair(item_id, found, compared.book)
+                left = (await self.compare(item_id)).findings
+                return dataclasses.replace(report, repairs=repairs, left=left)
+            for shard in range(await self._engine.shard_count(item_id)):
+                await self._engine.fence(item_id, shard, "redis_lost")
         if not repair or not found:
             return report
         repairs = await self._repair(item_id, found, compared.book)
@@ -239,8 +286,11 @@ class Reconciler:
             done.append(record)
 
         if kinds & REDIS_LOST:
-            # Rebuilding from SQL also recounts, and keeps what Redis has beyond SQL; whatever
-            # else is wrong shows again on the next look, against the rebuilt state.
+            # Fenced first, so nothing sells on what Redis lost while it is rebuilt. Rebuilding
+            # from SQL also recounts, keeps what Redis has beyond SQL and lifts the fences;
+            # whatever else is wrong shows again on the next look, against the rebuilt state.
+            for shard in range(await self._engine.shard_count(item_id)):
+                await self._engine.fence(item_id, shard, "redis_lost")
             recovery = await recover_item(self._engine, self._ledger, item_id)
             lost = sorted(kinds & REDIS_LOST)
             await journal(

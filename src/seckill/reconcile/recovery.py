@@ -3,35 +3,43 @@
 Redis may come back empty (a restart without persistence, FLUSHALL), from an older AOF (a crash
 inside the fsync window) or as a replica that missed the last writes (a failover). SQL has every
 event the persister acknowledged; recover.lua merges that record into whatever Redis still has,
-in one atomic step, so the sale goes on with no unit sold twice: counters, live holds with their
-deadlines and buyers' units all come from the merged holds.
+in one atomic step per stock shard, so the sale goes on with no unit sold twice: counters, live
+holds with their deadlines and buyers' units all come from the merged holds. Each shard rebuilt
+is verified again (its fence lifted): it sells.
 
-The payments SQL knows are recorded again: each paid order's payment and each refund owed, so
-a provider's retry is answered as before. What SQL never had is not rebuilt: idempotency records
-(a retried key after a loss is decided afresh, within the per-buyer limit), rate windows and
-failed payment notices (a repeat finds the order released or paid, and answers so).
+Given back as well, because SQL has them: each paid order's payment and each refund owed (a
+provider's retry is answered as it was), and the idempotency record of every order whose key
+SQL kept that has not expired (a buyer's retry replays its order, and never holds a second).
+Not rebuilt, because SQL never had them: rate windows and failed payment notices (a repeat finds
+the order released or paid, and answers so).
 
-Not for an item with stock shards yet: each shard's total depends on the transfers between them,
-which a partial loss can split (see docs/stock-shards.md). ``NotRecoverable`` says so.
+An item with stock shards is rebuilt whole: each shard's holds merged as above, then each
+shard's total set so that they add up to the item's, the transfers between them (in transit or
+not) settled by those totals. A shard whose holds SQL did not change keeps the units it had on
+sale; the others share what is left, so no unit is lost or counted twice.
 """
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from datetime import UTC, datetime
+
 from seckill.domain.events import stream_position
+from seckill.domain.items import Stock
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.shards import home_shard, split_stock
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RecoveredOrder, RecoveredPayment, Recovery, RedisEngine
 from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
-
-
-class NotRecoverable(Exception):
-    """The item cannot be rebuilt from SQL by ``recover`` (one with stock shards)."""
+from seckill.store.records import ItemBook, LandedOrder
 
 
 async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recovery:
-    """Rebuild ``item_id`` in Redis from its SQL record, merged with what Redis still holds."""
+    """Rebuild ``item_id`` in Redis from its SQL record, merged with what Redis still holds;
+    the counters of the whole item as rebuilt."""
     book = await ledger.book(item_id)
     if book.item is None:
         raise UnknownItem(f"item {item_id} is not in the database")
@@ -40,35 +48,122 @@ async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Rec
             ErrorCode.ITEM_ARCHIVED,
             f"item {item_id} is archived: its sale is over and SQL is its record",
         )
-    if book.item.stock_shards > 1:
-        raise NotRecoverable(
-            f"item {item_id} has {book.item.stock_shards} stock shards: rebuilding it from SQL "
-            "is not supported; the reconciler reports its drift, and its Redis must be restored"
+    item = book.item.sale_item()
+    shards = item.stock_shards
+    orders: dict[int, list[RecoveredOrder]] = defaultdict(list)
+    for order in book.orders.values():
+        orders[home_shard(order.buyer, shards)].append(_recovered(order))
+    payments = _payments(book, shards)
+    newest = {shard: (0, 0) for shard in range(shards)}
+    for row in book.journal:
+        newest[row.shard] = max(newest[row.shard], stream_position(row.event_id))
+    landed = {shard: f"{ms}-{seq}" for shard, (ms, seq) in newest.items()}
+    await _give_back_keys(engine, item_id, book)
+    if shards == 1:
+        return await engine.recover(
+            item, last_landed_id=landed[0], orders=orders[0], payments=payments[0]
         )
-    orders = [
-        RecoveredOrder(
-            str(o.order_id),
-            o.buyer,
-            o.quantity,
-            o.status,
-            datetime_to_ms(o.deadline_at) if o.deadline_at else 0,
-            o.release_reason,
-            o.payment_id,
+
+    plans = [
+        await engine.recover(
+            item, shard=shard, last_landed_id=landed[shard], orders=orders[shard],
+            payments=payments[shard], plan=True,
         )
-        for o in book.orders.values()
-    ]
-    payments = [
-        RecoveredPayment(o.payment_id, str(o.order_id), Outcome.PAID.value, None)
-        for o in book.orders.values()
-        if o.status is OrderStatus.PAID and o.payment_id is not None
-    ] + [
-        RecoveredPayment(r.payment_id, str(r.order_id), Outcome.REFUND_REQUIRED.value, r.reason)
-        for r in book.refunds.values()
-    ]
-    newest = max((stream_position(r.event_id) for r in book.journal), default=(0, 0))
-    return await engine.recover(
-        book.item.sale_item(),
-        last_landed_id=f"{newest[0]}-{newest[1]}",
-        orders=orders,
-        payments=payments,
+        for shard in range(shards)
+    ]  # fmt: skip
+    committed = [plan.stock.held + plan.stock.sold for plan in plans]
+    if sum(committed) > item.total:
+        raise InvalidRequest(
+            ErrorCode.HOLDS_EXCEED_TOTAL,
+            f"held and paid {sum(committed)} over {shards} shards exceed the total {item.total}",
+        )
+    kept = {}
+    for shard, plan in enumerate(plans):
+        unchanged = not (plan.restored or plan.advanced or plan.conflicts)
+        part = await engine.shard_stock(item_id, shard)
+        if unchanged and part is not None:
+            kept[shard] = part[0].available
+    left = item.total - sum(committed) - sum(kept.values())
+    if left < 0:  # the survivors' counts are off too: every shard shares what is left
+        kept, left = {}, item.total - sum(committed)
+    sharing = [shard for shard in range(shards) if shard not in kept] or [0]
+    available = dict(kept)
+    for shard, share in zip(sharing, split_stock(left, len(sharing)), strict=True):
+        available[shard] = available.get(shard, 0) + share
+    done = [
+        await engine.recover(
+            item, shard=shard, total=committed[shard] + available[shard],
+            last_landed_id=landed[shard], orders=orders[shard], payments=payments[shard],
+        )
+        for shard in range(shards)
+    ]  # fmt: skip
+    held = sum(r.stock.held for r in done)
+    sold = sum(r.stock.sold for r in done)
+    return Recovery(
+        sum(r.restored for r in done),
+        sum(r.advanced for r in done),
+        sum(r.conflicts for r in done),
+        _stock(item.total, held, sold),
     )
+
+
+def _recovered(order: LandedOrder) -> RecoveredOrder:
+    return RecoveredOrder(
+        str(order.order_id),
+        order.buyer,
+        order.quantity,
+        order.status,
+        datetime_to_ms(order.deadline_at) if order.deadline_at else 0,
+        order.release_reason,
+        order.payment_id,
+    )
+
+
+def _payments(book: ItemBook, shards: int) -> dict[int, list[RecoveredPayment]]:
+    """The successful payments SQL knows, on the shard of their order."""
+    out: dict[int, list[RecoveredPayment]] = defaultdict(list)
+    for o in book.orders.values():
+        if o.status is OrderStatus.PAID and o.payment_id is not None:
+            out[home_shard(o.buyer, shards)].append(
+                RecoveredPayment(o.payment_id, str(o.order_id), Outcome.PAID.value, None)
+            )
+    for r in book.refunds.values():
+        out[r.shard].append(
+            RecoveredPayment(r.payment_id, str(r.order_id), Outcome.REFUND_REQUIRED.value, r.reason)
+        )
+    return out
+
+
+async def _give_back_keys(engine: RedisEngine, item_id: int, book: ItemBook) -> None:
+    """Write back the idempotency record of every order whose key SQL kept and whose time is
+    not up (the engine's idempotency TTL from the order's time), where Redis has none."""
+    now_ms = datetime_to_ms(datetime.now(UTC))
+    ttl_ms = engine.idempotency_ttl_ms
+    shards = book.item.stock_shards if book.item else 1
+    async with engine.redis.pipeline(transaction=False) as pipe:
+        queued = 0
+        for order in book.orders.values():
+            if order.idempotency_key is None or order.reserved_at is None:
+                continue
+            left_ms = ttl_ms - (now_ms - datetime_to_ms(order.reserved_at))
+            if left_ms <= 0:
+                continue
+            keys = engine.keys(item_id, home_shard(order.buyer, shards))
+            record = {
+                "order_id": str(order.order_id),
+                "quantity": order.quantity,
+                "deadline_ms": datetime_to_ms(order.deadline_at) if order.deadline_at else 0,
+            }
+            pipe.set(
+                keys.idempotency(order.buyer, order.idempotency_key),
+                json.dumps(record, separators=(",", ":")),
+                px=left_ms,
+                nx=True,
+            )
+            queued += 1
+        if queued:
+            await pipe.execute()
+
+
+def _stock(total: int, held: int, sold: int) -> Stock:
+    return Stock(total, total - held - sold, held, sold)

@@ -28,6 +28,11 @@ class OrderNotFound(LookupError):
     """No such order, or not this buyer's: the two look the same from outside."""
 
 
+class ItemRecovering(Exception):
+    """The order's stock shard is fenced (Redis restarted, or lost writes) until it is checked
+    against SQL: the notice or the cancel is to be sent again shortly."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OrderView:
     order_id: int
@@ -91,6 +96,8 @@ class OrderBook:
         An archived item's orders are all paid or released: answered from SQL."""
         view = await self.buyers_order(buyer, item_id, order_id)
         transition = await self._engine.release(item_id, order_id, ReleaseReason.CANCELLED)
+        if transition.outcome is Outcome.ITEM_RECOVERING:
+            raise ItemRecovering(f"item {item_id} is being checked against SQL")
         if transition.outcome is Outcome.UNKNOWN_ORDER and await self._archived(item_id):
             if view.status is OrderStatus.PAID:
                 return HoldTransition(Outcome.ALREADY_PAID), view
@@ -108,6 +115,8 @@ class OrderBook:
         settlement: PaymentSettlement | None = await self._engine.settle_payment(
             item_id, order_id, payment_id=payment_id, succeeded=succeeded
         )
+        if settlement is not None and settlement.outcome is Outcome.ITEM_RECOVERING:
+            raise ItemRecovering(f"item {item_id} is being checked against SQL")
         if settlement is not None and settlement.outcome is Outcome.UNKNOWN_ORDER:
             settlement = None
             if await self._archived(item_id):

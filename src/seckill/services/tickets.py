@@ -23,6 +23,7 @@ from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.security.tickets import Ticket, TicketCodec
 from seckill.services.items import UnknownItem
+from seckill.services.orders import ItemRecovering
 
 Clock = Callable[[], int]
 """Epoch milliseconds."""
@@ -103,13 +104,16 @@ class TicketOffice:
     async def issue(self, item_id: int, *, buyer: str) -> tuple[str, Ticket]:
         """A new ticket (its text, and what it says) for ``buyer`` and ``item_id``.
 
-        Raises ``UnknownItem`` when the item is not loaded in Redis, ``SaleClosed`` outside the
-        issuing window, ``GateRefused`` when the gate says not now. The window is checked
-        before the gate, so a gate only sees buyers who could buy.
+        Raises ``UnknownItem`` when the item is not loaded in Redis, ``ItemRecovering`` while it
+        is fenced (its Redis restarted or lost writes: no ticket until it is checked),
+        ``SaleClosed`` outside the issuing window, ``GateRefused`` when the gate says not now.
+        The window is checked before the gate, so a gate only sees buyers who could buy.
         """
-        item = await self._engine.item(item_id)
+        item, fenced = await self._engine.terms(item_id)
         if item is None:
             raise UnknownItem(f"item {item_id} is not on sale")
+        if fenced:
+            raise ItemRecovering(f"item {item_id} is being checked against SQL")
         now = self._clock()
         if now < item.starts_at_ms - self._lead_ms:
             raise SaleClosed(Outcome.NOT_STARTED, "the sale has not started: too early for tickets")

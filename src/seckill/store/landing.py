@@ -98,6 +98,7 @@ class _NewOrder(_OrderState):
     release_reason: str | None
     deadline_at: Any
     request_id: str | None
+    idempotency_key: str | None
     reserved_at: Any
     paid_at: Any = None
     released_at: Any = None
@@ -131,8 +132,8 @@ _JOURNAL_COLUMNS = (
 )  # fmt: skip
 _ORDER_COLUMNS = (
     "id", "item_id", "buyer", "quantity", "price_cents", "status", "release_reason",
-    "deadline_at", "request_id", "reserved_at", "paid_at", "released_at", "payment_id",
-    "updated_at",
+    "deadline_at", "request_id", "idempotency_key", "reserved_at", "paid_at", "released_at",
+    "payment_id", "updated_at",
 )  # fmt: skip
 
 
@@ -282,7 +283,8 @@ class _Plan:
                 new_status, event.quantity, event.buyer, event.item_id,
                 price_cents=self.prices[event.item_id] * event.quantity, release_reason=reason,
                 deadline_at=self.moment(event.deadline_ms) if event.deadline_ms else None,
-                request_id=event.request_id, reserved_at=at,
+                request_id=event.request_id, idempotency_key=event.idempotency_key,
+                reserved_at=at,
                 paid_at=at if new_status is OrderStatus.PAID else None,
                 released_at=at if new_status in RELEASED_STATUSES else None,
                 payment_id=event.payment_id if new_status is OrderStatus.PAID else None,
@@ -317,8 +319,8 @@ class _Plan:
         return [
             (
                 order_id, o.item_id, o.buyer, o.quantity, o.price_cents, o.status.value,
-                o.release_reason, o.deadline_at, o.request_id, o.reserved_at, o.paid_at,
-                o.released_at, o.payment_id, now,
+                o.release_reason, o.deadline_at, o.request_id, o.idempotency_key, o.reserved_at,
+                o.paid_at, o.released_at, o.payment_id, now,
             )
             for order_id, o in sorted(self.born.items())
         ]  # fmt: skip

@@ -455,6 +455,8 @@ def _landed_order(row: Any) -> LandedOrder:
         release_reason=row.release_reason,
         deadline_at=row.deadline_at,
         payment_id=row.payment_id,
+        idempotency_key=row.idempotency_key,
+        reserved_at=row.reserved_at,
     )
 
 

@@ -23,6 +23,8 @@ class LandedOrder:
     release_reason: str | None
     deadline_at: datetime | None
     payment_id: str | None = None  # the payment that paid it
+    idempotency_key: str | None = None  # the buyer's key for the purchase
+    reserved_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,6 +126,8 @@ class Order(Base):
     release_reason: Mapped[str | None] = mapped_column(String(16))
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     request_id: Mapped[str | None] = mapped_column(String(64))  # the API request that reserved it
+    # The buyer's idempotency key for the purchase: a Redis rebuilt from SQL gets it back.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
     payment_id: Mapped[str | None] = mapped_column(String(64))  # the payment that paid it
     reserved_at: Mapped[datetime] = mapped_column(UTCDateTime)
     paid_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

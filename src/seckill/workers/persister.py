@@ -15,6 +15,9 @@ Failures, by kind:
   other's rows; a key still refused after ``race_retries`` tries blames the entries, as below;
 - an entry lands ahead of an earlier one still pending (a unit resold before its release
   landed): it waits, pending, and is claimed again with the earlier one, which lands first;
+  with no earlier one pending, Redis sold a unit SQL counts sold already: Redis is behind SQL,
+  and the item's shard is fenced (it sells nothing until the reconciler has rebuilt it) before
+  the entry is blamed as below;
 - an entry cannot land (undecodable, contradicting the record): the batch is split in halves
   until the bad entry stands alone, its neighbours land, and it stays pending; it comes back
   through XAUTOCLAIM once idle, and after ``max_deliveries`` it becomes a dead letter (a table
@@ -37,6 +40,7 @@ from typing import Any
 
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
 from seckill.engine.cluster import RedisClient
+from seckill.engine.engine import RedisEngine
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import GROUP
@@ -80,9 +84,11 @@ class Persister:
         consumer: str | None = None,
         config: PersisterConfig | None = None,
         stop: asyncio.Event | None = None,
+        engine: RedisEngine | None = None,
     ) -> None:
         self._redis = redis
         self._ledger = ledger
+        self._engine = engine  # to fence a shard found behind SQL
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.config = config or PersisterConfig()
         self._stop = stop or asyncio.Event()
@@ -168,15 +174,26 @@ class Persister:
                     continue
                 if len(batch) == 1:
                     entry = batch[0][0]
-                    if isinstance(exc, AheadOfStream) and await self._reader.older_pending(entry):
-                        # The release that freed this stock is pending elsewhere: once claimed
-                        # it lands first, and this entry after it. Not the entry's fault.
-                        log.info("entry %s waits for earlier entries: %s", entry.entry_id, exc)
-                        return []
+                    if isinstance(exc, AheadOfStream):
+                        if await self._reader.older_pending(entry):
+                            # The release that freed this stock is pending elsewhere: once
+                            # claimed it lands first, and this entry after it. Not its fault.
+                            log.info("entry %s waits for earlier entries: %s", entry.entry_id, exc)
+                            return []
+                        await self._fence(entry, str(exc))
                     await self._failed(entry, f"{type(exc).__name__}: {exc}")
                     return []
                 half = len(batch) // 2
                 return await self._apply(batch[:half]) + await self._apply(batch[half:])
+
+    async def _fence(self, entry: Entry, error: str) -> None:
+        """Redis sold what SQL counts sold already: it lost writes. Its shard stops selling."""
+        if self._engine is None:
+            return
+        keys = entry.keys
+        await self._engine.fence(keys.item_id, keys.shard, "behind_sql")
+        log.error("item %d shard %d fenced: Redis is behind SQL (%s)", keys.item_id, keys.shard,
+                  error)  # fmt: skip
 
     async def _failed(self, entry: Entry, error: str) -> None:
         """An entry that cannot land: dead-letter it once delivered often enough, else wait."""

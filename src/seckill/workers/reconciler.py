@@ -1,16 +1,20 @@
 """The reconciler worker: compares every item's Redis and SQL records each interval, logs the
-drift it finds and, when asked to, repairs it (see ``seckill.reconcile``).
+drift it finds and, when asked to, repairs it (see ``seckill.reconcile``); and, far more often,
+checks the items whose Redis restarted or lost writes (fenced: they sell nothing) against SQL,
+rebuilding what was lost, so that they sell again within a moment.
 
 One pass at a time across all replicas: an upkeep lock in Redis (a ``Lease``, see
 ``seckill.engine.leases``) picks the replica that works; the others skip their pass. A holder
-that dies lets the lock lapse after three intervals.
+that dies lets the lock lapse after ``LEASE_TTL_MS``, and another replica takes over.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from seckill.engine.cluster import RedisClient
+from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
 from seckill.engine.scripts import Scripts
@@ -19,6 +23,10 @@ from seckill.reconcile.drift import Drift
 from seckill.reconcile.reconciler import ItemReport, Reconciler
 
 log = logging.getLogger(__name__)
+
+# The holder renews the lock at every fence check (a fraction of a second): a dead one's lapses
+# soon, so fenced items wait little for another replica.
+LEASE_TTL_MS = 3_000
 
 
 class ReconcilerWorker:
@@ -33,23 +41,35 @@ class ReconcilerWorker:
         prefix: str,
         interval_s: float,
         repair: bool,
+        engine: RedisEngine,
     ) -> None:
         self._reconciler = reconciler
+        self._engine = engine
+        self._interval_s = interval_s
+        self._next_pass = 0.0
         self._upkeep_lock = Lease(
             redis,
             scripts=scripts,
             key=upkeep_lock_key("reconciler", prefix),
-            ttl_ms=int(interval_s * 3000),
+            ttl_ms=LEASE_TTL_MS,
         )
         self._repair = repair
         self.passes = 0
         self.reports: list[ItemReport] = []  # the last pass's
 
     async def run_once(self) -> int:
-        """One pass over every item, if this replica holds the lock. Always 0: the loop then
-        waits one interval before the next pass."""
+        """If this replica holds the lock: the fenced items checked (every call), and every
+        item compared once an interval has passed since the last such pass. Returns the items
+        verified or rebuilt: the loop waits the fence check's pause when there were none."""
         if not await self._hold_upkeep_lock():
             return 0
+        fenced = await self._reconciler.verify_fenced(await self._engine.item_ids())
+        if time.monotonic() >= self._next_pass:
+            self._next_pass = time.monotonic() + self._interval_s
+            await self._full_pass()
+        return len(fenced)
+
+    async def _full_pass(self) -> None:
         item_ids = await self._reconciler.item_ids()
         reports = await self._reconciler.reconcile_many(item_ids, repair=self._repair)
         for report in reports:
@@ -62,7 +82,6 @@ class ReconcilerWorker:
         self.reports = reports
         self.passes += 1
         metrics.record_reconciler_pass(Drift, (f.kind for r in reports for f in r.found))
-        return 0
 
     async def _hold_upkeep_lock(self) -> bool:
         """Take the upkeep lock, or keep it if this replica holds it; False while another does."""

@@ -77,8 +77,25 @@ local function sale_args(first)
   return sale
 end
 
+-- This server's run id: a new one at every start. A shard's head keeps, in `run`, the run id it
+-- was loaded or last verified under; under any other (Redis restarted, perhaps from an older
+-- AOF; a replica promoted, perhaps one that missed writes; the slot moved) the shard is fenced:
+-- it sells nothing until the reconciler has compared it with SQL and rebuilt what was lost.
+-- A detector that finds the shard behind SQL fences it by writing another word there.
+local function live_run()
+  local info = redis.call("INFO", "server")
+  local at = string.find(info, "run_id:", 1, true)
+  return string.sub(info, at + 7, at + 46)
+end
+
 -- Every item-level script receives the same five keys first.
 local K = { item = KEYS[1], buyers = KEYS[2], holds = KEYS[3], deadlines = KEYS[4], events = KEYS[5] }
+
+-- Whether this shard is fenced (see live_run): not verified under this server's run. Asked
+-- once the shard is known to be loaded.
+local function fenced()
+  return redis.call("HGET", K.item, "run") ~= live_run()
+end
 
 local function load_hold(order_id)
   local raw = redis.call("HGET", K.holds, order_id)

@@ -12,8 +12,11 @@
 -- ARGV  1 item id  2 order id  3 payment id  4 result (succeeded | failed)  5 the order's shard
 --
 -- Replies:
---   claimed  {claimed, shard}: the id is this order's and result's, settled on that shard (its
---            record was written now, or before by this same notice; 0: the head settled it)
+--   claimed          {claimed, shard}: the id is this order's and result's, settled on that shard
+--                    (its record was written now, or before by this same notice; 0: the head
+--                    settled it)
+--   item_recovering  {item_recovering}: the head is fenced (see live_run in _common.lua) and
+--                    the id was not claimed before; nothing written
 -- Errors (nothing written):
 --   invalid_item_id, invalid_order_id, invalid_payment_id, invalid_payment_result
 --   invalid_shard      the shard is not a number from 1 to 63
@@ -29,6 +32,7 @@ local first
 first, refused = recorded_payment(KEYS[6], order_id, payment_id, succeeded)
 if refused then return refused end
 if first then return { "claimed", first.shard or 0 } end
+if fenced() then return { "item_recovering" } end
 redis.call("HSET", KEYS[6], payment_id,
   cjson.encode({ order_id = order_id, succeeded = succeeded, shard = shard }))
 return { "claimed", shard }

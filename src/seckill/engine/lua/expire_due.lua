@@ -5,7 +5,8 @@
 --
 -- Replies:
 --   {order id, ...}  the holds released now, oldest deadline first, each as release.lua would
---                    with reason `expired` (empty when nothing is due)
+--                    with reason `expired` (empty when nothing is due, or when the shard is
+--                    fenced: see live_run in _common.lua; its holds wait for it to be verified)
 -- Errors (nothing written):
 --   invalid_item_id, invalid_time, invalid_batch
 
@@ -17,7 +18,9 @@ local limit = int_arg(ARGV[3], 1, MAX_BATCH)
 if not limit then return invalid("invalid_batch", "batch limit must be from 1 to " .. MAX_BATCH) end
 
 local released = {}
-for _, order_id in ipairs(redis.call("ZRANGEBYSCORE", K.deadlines, "-inf", now, "LIMIT", 0, limit)) do
+local due = redis.call("ZRANGEBYSCORE", K.deadlines, "-inf", now, "LIMIT", 0, limit)
+if #due > 0 and fenced() then return released end
+for _, order_id in ipairs(due) do
   local hold = load_hold(order_id)
   if hold and hold.state == "held" then
     release_hold(item_id, order_id, hold, "expired", now)

@@ -9,6 +9,9 @@
 -- loaded keeps its own total (transfers have moved stock since it opened): only the settings
 -- change. The item's total and shard count are fixed once loaded (stock_shards_fixed).
 -- The `loaded` event carries the item's total (the SQL inventory's), and `shard_total`.
+-- A shard loaded now from nothing is verified under this server's run (`run`, see live_run in
+-- _common.lua); one already loaded keeps its `run`: reloading settings proves nothing of its
+-- holds, so a fenced shard stays fenced until the reconciler verifies it.
 --
 -- Replies:
 --   loaded      {loaded}: a new item, or one with nothing held or sold: available = total
@@ -68,6 +71,7 @@ local available = total - held - sold
 redis.call("HSET", K.item, "total", total, "available", available, "held", held, "sold", sold,
   "starts_at_ms", starts, "ends_at_ms", ends, "per_buyer_limit", limit, "hold_ms", hold_ms,
   "shards", shards, "item_total", item_total)
+if not counts[3] then redis.call("HSET", K.item, "run", live_run()) end
 redis.call("XADD", K.events, "*", "event", "loaded", "item_id", item_id, "total", item_total,
   "shard_total", total, "available", available, "starts_at_ms", starts, "ends_at_ms", ends,
   "per_buyer_limit", limit, "hold_ms", hold_ms, "at_ms", now)

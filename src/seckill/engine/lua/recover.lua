@@ -1,26 +1,37 @@
--- recover.lua: rebuild an item's sale from the SQL record after Redis lost state (restarted
--- empty, an older AOF, a failover), merged with whatever Redis still holds, in one step.
+-- recover.lua: rebuild one stock shard of an item (an unsharded item's only one) from the SQL
+-- record after Redis lost state (restarted empty, an older AOF, a failover), merged with
+-- whatever Redis still holds, in one step.
 --
 -- Per order, the record that is further along wins: SQL's landed events were emitted by Redis
 -- and acknowledged, so a Redis that lacks them lost them; a Redis hold further along than SQL
 -- has events still on their way to SQL. Where the two went different ways (paid in one,
 -- released in the other) SQL wins and the order is counted as a conflict. Counters, buyers'
--- units and the deadline index are then recomputed from the merged holds.
+-- units and the deadline index are then recomputed from the merged holds. Rebuilt, the shard is
+-- verified under this server's run (`run`, see live_run in _common.lua): it sells again.
+--
+-- With stock shards the caller first asks each shard what its merged holds add up to (a plan:
+-- nothing written), then gives each its total so the shards add up to the item's: the shards'
+-- transfer records are cleared (every transfer, in transit or not, is settled by the totals).
 --
 -- The payments SQL knows (each paid order's payment, each refund owed) are recorded again under
 -- their payment ids, where Redis lost them, so a provider's retry is answered as it was.
 --
--- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 payments
--- ARGV  1 item id  2 total  3 starts_at_ms  4 ends_at_ms  5 per_buyer_limit  6 hold_ms
---       7 now (ms; "" = Redis TIME)  8 the newest event id SQL has landed ("0-0": none)
---       9 SQL's orders: JSON [[order id (string), buyer, quantity, status, deadline_ms, reason,
---         payment id or null], ...]
---       10 SQL's successful payments: JSON [[payment id, order id (string), outcome, reason or
---          null], ...] (outcome paid or refund_required)
+-- KEYS  1 item  2 buyers  3 holds  4 deadlines  5 events  6 payments  7 transfers
+--       8 in transit  (the shard's)
+-- ARGV  1 item id  2 total (the shard's)  3 starts_at_ms  4 ends_at_ms  5 per_buyer_limit
+--       6 hold_ms  7 now (ms; "" = Redis TIME)  8 the newest event id SQL has landed from this
+--       shard's stream ("0-0": none)
+--       9 SQL's orders of this shard: JSON [[order id (string), buyer, quantity, status,
+--         deadline_ms, reason, payment id or null], ...]
+--       10 SQL's successful payments of this shard: JSON [[payment id, order id (string),
+--          outcome, reason or null], ...] (outcome paid or refund_required)
+--       11 the item's stock shards  12 the item's total  13 "plan" to only plan
 --
 -- Replies:
 --   recovered  {recovered, restored, advanced, conflicts, available, held, sold}: holds created
 --              from SQL, holds moved forward to SQL's state, orders where the two disagreed
+--   planned    {planned, restored, advanced, conflicts, 0, held, sold}: what recovering would
+--              do, nothing written (held + sold may then exceed the total)
 -- Errors (nothing written):
 --   invalid_item_id, invalid_item, invalid_time, invalid_order_id
 --   invalid_recovery    the orders argument is not what this script takes
@@ -37,6 +48,12 @@ local total = sale.total
 local now = now_arg(ARGV[7])
 refused = bad_time(now)
 if refused then return refused end
+local shards = int_arg(ARGV[11] or "1", 1, 64)
+local item_total = int_arg(ARGV[12] or ARGV[2], 0, MAX_TOTAL)
+if not (shards and item_total) then
+  return invalid("invalid_item", "stock shards must be from 1 to 64, with the item's total")
+end
+local plan_only = ARGV[13] == "plan"
 local sql_ms, sql_seq = string.match(ARGV[8], "^(%d+)-(%d+)$")
 local ok, orders = pcall(cjson.decode, ARGV[9])
 local paid_ok, payments = pcall(cjson.decode, ARGV[10] or "[]")
@@ -101,6 +118,7 @@ for i = 1, #raw, 2 do
 end
 for order_id, hold in pairs(merged) do tally:add(order_id, hold) end
 local held, sold = tally.held, tally.sold
+if plan_only then return { "planned", restored, advanced, conflicts, 0, held, sold } end
 if held + sold > total then
   return invalid("holds_exceed_total", "held " .. held .. " + paid " .. sold .. " exceed the total " .. total)
 end
@@ -112,8 +130,10 @@ for _, p in ipairs(payments) do
     cjson.encode({ order_id = p[2], succeeded = true, outcome = p[3], reason = reason }))
 end
 redis.call("HSET", K.item, "total", total, "starts_at_ms", sale.starts, "ends_at_ms", sale.ends,
-  "per_buyer_limit", sale.limit, "hold_ms", sale.hold_ms)
+  "per_buyer_limit", sale.limit, "hold_ms", sale.hold_ms, "shards", shards,
+  "item_total", item_total, "run", live_run())
 save_tally(total, tally)
+if shards > 1 then redis.call("DEL", KEYS[7], KEYS[8]) end
 
 -- New entries must sort after everything SQL landed, or the ledger would take a new event for
 -- one it has seen (same id) and skip it. Time has moved on since, unless a clock stepped back.
@@ -130,7 +150,7 @@ if id ~= "*" and type(last) == "table" then
     end
   end
 end
-redis.call("XADD", K.events, id, "event", "loaded", "item_id", item_id, "total", total,
-  "available", total - held - sold, "starts_at_ms", sale.starts, "ends_at_ms", sale.ends,
+redis.call("XADD", K.events, id, "event", "loaded", "item_id", item_id, "total", item_total,
+  "shard_total", total, "available", total - held - sold, "starts_at_ms", sale.starts, "ends_at_ms", sale.ends,
   "per_buyer_limit", sale.limit, "hold_ms", sale.hold_ms, "at_ms", now, "recovered", "1")
 return { "recovered", restored, advanced, conflicts, total - held - sold, held, sold }

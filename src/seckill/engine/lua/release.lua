@@ -9,6 +9,8 @@
 --   already_released  {already_released, first reason}: released before; nothing changed
 --   already_paid      {already_paid}: refused, a paid hold keeps its stock; nothing changed
 --   unknown_order     {unknown_order}: no such hold; nothing changed
+--   item_recovering   {item_recovering}: the shard is fenced (see live_run in _common.lua);
+--                     nothing changed
 -- Errors (nothing written):
 --   invalid_item_id, invalid_order_id, invalid_reason, invalid_time
 
@@ -24,5 +26,6 @@ local hold = load_hold(order_id)
 if not hold then return { "unknown_order" } end
 if hold.state == "paid" then return { "already_paid" } end
 if hold.state == "released" then return { "already_released", hold.reason } end
+if fenced() then return { "item_recovering" } end
 release_hold(item_id, order_id, hold, reason, now)
 return { "released", reason }

@@ -5,6 +5,8 @@
 -- ARGV  1 item id  2 buyer  3 quantity  4 order id  5 idempotency record ttl (ms)
 --       6 now (ms; "" = Redis TIME)  7 rate limit: attempts per window ("" or absent = none)
 --       8 rate window (ms)  9 request id ("" or absent = none): carried on the `reserved` event
+--       10 the idempotency key ("" or absent = none; KEYS 6 is its record): carried on the
+--          `reserved` event, so that SQL can give a rebuilt Redis its records back
 --
 -- Rate limit: a fixed window per buyer and item that opens at the buyer's first counted attempt
 --   (a hash {start, count} with a PEXPIRE of one window, so it goes away by itself). An attempt is
@@ -26,10 +28,13 @@
 --   not_started         {not_started}
 --   ended               {ended}
 --   unknown_item        {unknown_item}: no such item loaded (not counted: there is no sale)
+--   item_recovering     {item_recovering}: the shard is fenced (see live_run in _common.lua)
+--                       until the reconciler has verified it against SQL; nothing written
 -- Errors (nothing written):
 --   invalid_item_id, invalid_buyer, invalid_quantity, invalid_order_id, invalid_ttl, invalid_time
 --   invalid_rate_limit    attempts not 1 to 1000000, window not 1 ms to 30 days, or no key 7
 --   invalid_request_id    not 1 to 64 visible ASCII characters
+--   invalid_key           the idempotency key (ARGV 10) is not 1 to 255 visible ASCII characters
 --   quantity_above_limit  more than the per-buyer limit in one request
 --   duplicate_order_id    the order id already names a hold of this item
 
@@ -64,6 +69,10 @@ local request_id = ARGV[9] or ""
 if request_id ~= "" and not is_token(request_id, 64) then
   return invalid("invalid_request_id", "request id must be 1 to 64 visible ASCII characters")
 end
+local key = ARGV[10] or ""
+if key ~= "" and not is_token(key, 255) then
+  return invalid("invalid_key", "idempotency key must be 1 to 255 visible ASCII characters")
+end
 local rate_n, rate_ms = nil, nil
 if (ARGV[7] or "") ~= "" then
   rate_n, rate_ms = int_arg(ARGV[7], 1, MAX_QUANTITY), int_arg(ARGV[8], 1, MAX_HOLD)
@@ -81,7 +90,7 @@ if seen then
 end
 
 local f = redis.call("HMGET", K.item, "available", "held", "starts_at_ms", "ends_at_ms",
-  "per_buyer_limit", "hold_ms")
+  "per_buyer_limit", "hold_ms", "run")
 if not f[1] then return { "unknown_item" } end
 local limit = tonumber(f[5])
 if quantity > limit then
@@ -90,6 +99,7 @@ end
 if redis.call("HEXISTS", K.holds, order_id) == 1 then
   return invalid("duplicate_order_id", "order " .. order_id .. " already exists")
 end
+if f[7] ~= live_run() then return { "item_recovering" } end
 
 -- Everything is valid from here on, so counting the attempt is safe (see the header).
 if rate_n then
@@ -124,7 +134,7 @@ redis.call("HSET", K.holds, order_id, hold_json(buyer, quantity_arg, deadline_ms
 redis.call("ZADD", K.deadlines, deadline_ms, order_id)
 redis.call("XADD", K.events, "*", "event", "reserved", "item_id", item_id, "order_id", order_id,
   "buyer", buyer, "quantity", quantity_arg, "deadline_ms", deadline_ms, "at_ms", at_ms,
-  "request_id", request_id)
+  "request_id", request_id, "key", key)
 redis.call("SET", KEYS[6], '{"order_id":"' .. order_id .. '","quantity":' .. quantity_arg
   .. ',"deadline_ms":' .. deadline_ms .. "}", "PX", ttl_arg)
 return { "reserved", order_id, deadline }

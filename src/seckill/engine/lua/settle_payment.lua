@@ -34,6 +34,8 @@
 --   claimed           {claimed, shard}: (the head only) this payment id was claimed for this
 --                     order and result, to be settled on that shard; nothing changed
 --   unknown_order     {unknown_order}: no such hold; nothing changed, nothing recorded
+--   item_recovering   {item_recovering}: the shard is fenced (see live_run in _common.lua);
+--                     nothing changed, nothing recorded (a notice answered before replays)
 -- Errors (nothing written):
 --   invalid_item_id, invalid_order_id, invalid_payment_id, invalid_payment_result, invalid_time
 --   payment_id_reused  the payment id was settled or claimed before for another order or result
@@ -53,6 +55,7 @@ if first then return { "replay", first.outcome, first.reason } end
 
 local hold = load_hold(order_id)
 if not hold then return { "unknown_order" } end
+if fenced() then return { "item_recovering" } end
 
 -- A refund owed for this payment, journaled once (the payment id is recorded with it).
 local function refund(reason)

@@ -5,7 +5,8 @@
 --
 -- Replies:
 --   {now ms, item hash, holds hash, buyers hash, deadlines, events, last id, transfers hash,
---    payments hash}
+--    payments hash, live run}  live run: this server's run id (the shard is fenced unless the
+--                    item hash's `run` is it: see live_run in _common.lua)
 --                    each hash flat (field, value, ...); deadlines flat (order id, deadline ms,
 --                    ...); events as XRANGE gives them; last id the stream's last generated
 --                    ("0-0": no stream); now the server's clock as the script ran
@@ -33,4 +34,5 @@ return {
   last,
   redis.call("HGETALL", KEYS[6]),
   redis.call("HGETALL", KEYS[7]),
+  live_run(),
 }

@@ -13,6 +13,8 @@
 --                `transferred_in` appended
 --   replay       {replay}: received before; nothing changed
 --   unknown_item {unknown_item}: this shard is not loaded; nothing changed
+--   item_recovering {item_recovering}: this shard is fenced (see live_run in _common.lua): the
+--                units stay in transit, delivered once it is verified; nothing changed
 -- Errors (nothing written):
 --   invalid_item_id, invalid_time, invalid_transfer
 
@@ -29,6 +31,7 @@ if refused then return refused end
 
 if redis.call("HEXISTS", KEYS[6], "in:" .. transfer_id) == 1 then return { "replay" } end
 if redis.call("EXISTS", K.item) == 0 then return { "unknown_item" } end
+if fenced() then return { "item_recovering" } end
 redis.call("HINCRBY", K.item, "total", units)
 redis.call("HINCRBY", K.item, "available", units)
 redis.call("HSET", KEYS[6], "in:" .. transfer_id, cjson.encode({ from = from, units = units, at_ms = now }))

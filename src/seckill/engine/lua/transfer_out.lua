@@ -18,6 +18,8 @@
 --   replay       {replay, units}: this transfer id was sent before; nothing changed
 --   sold_out     {sold_out}: nothing available here; nothing changed
 --   unknown_item {unknown_item}
+--   item_recovering {item_recovering}: this shard is fenced (see live_run in _common.lua);
+--                nothing changed
 -- Errors (nothing written):
 --   invalid_item_id, invalid_time, invalid_transfer
 
@@ -38,6 +40,7 @@ local available = redis.call("HGET", K.item, "available")
 if not available then return { "unknown_item" } end
 available = tonumber(available)
 if available <= 0 then return { "sold_out" } end
+if fenced() then return { "item_recovering" } end
 local units = math.min(available, need)
 
 redis.call("HINCRBY", K.item, "total", -units)
