@@ -60,8 +60,8 @@ from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import read_progress
 from seckill.redis_server import RedisServer
-from seckill.sinks import Message, Sink, SinkUnavailable, order_message, sink_from_url
-from seckill.workers.bridge import Bridge, BridgeConfig, bridge_group
+from seckill.sinks import Message, Sink, SinkUnavailable, bridge_group, order_message, sink_from_url
+from seckill.workers.bridge import Bridge, BridgeConfig
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"

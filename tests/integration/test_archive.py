@@ -8,10 +8,12 @@ import asyncio
 import random
 import sys
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import select
 
+from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.items import NewItem, Stock
 from seckill.domain.lifecycle import Stage, Unsettled
@@ -27,6 +29,7 @@ from seckill.reconcile.records import audit_records
 from seckill.reconcile.recovery import recover_item
 from seckill.redis_server import RedisServer
 from seckill.services.archive import Archivist
+from seckill.services.dead_letters import drop_dead_letters, list_dead_letters
 from seckill.services.items import item_counters, warm_item
 from seckill.services.orders import OrderBook
 from seckill.store.ledger import Ledger
@@ -273,7 +276,26 @@ async def test_archiving_is_refused_with_a_dead_letter_not_replayed(
     assert [h.reason for h in refused.hindrances] == [Unsettled.DEAD_LETTERS]
     await assert_live_and_whole(redis, engine, ledger, item_id, keys)
     [letter] = await ledger.dead_letters()
-    await ledger.mark_replayed(letter.id)
+    await ledger.mark_replayed(int(letter.id))
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+
+
+async def test_archiving_waits_for_a_bridge_letter_and_names_the_command(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+) -> None:
+    item_id = await settled_sale(redis, engine, ledger)
+    keys = engine.keys(item_id)
+    letter = dead_letter_fields(
+        {"event": "paid"}, entry_id="1-1", group="bridge-nats", error="full", deliveries=5
+    )
+    await redis.xadd(keys.dead_letters, cast(Any, letter))
+
+    refused = await archivist(engine, ledger).archive(item_id)
+
+    assert [h.reason for h in refused.hindrances] == [Unsettled.DEAD_LETTERS]
+    assert "`seckill dead-letters replay --group bridge-nats`" in refused.hindrances[0].detail
+    [pending] = await list_dead_letters(ledger, engine, group="bridge-nats")
+    assert (await drop_dead_letters(ledger, engine, [pending.id])).ok
     assert (await archivist(engine, ledger).archive(item_id)).removed
 
 

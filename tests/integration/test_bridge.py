@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import nats
@@ -19,12 +20,18 @@ import pytest
 
 from seckill.domain.events import EventKind, ReleaseReason
 from seckill.engine.engine import RedisEngine
-from seckill.engine.streams import read_progress
+from seckill.engine.streams import GROUP, read_progress
+from seckill.services.dead_letters import (
+    drop_dead_letters,
+    list_dead_letters,
+    replay_dead_letters,
+)
 from seckill.sinks import Sink, sink_from_url
 from seckill.sinks.nats import DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
+from seckill.store.ledger import Ledger
 from seckill.workers.bridge import Bridge, BridgeConfig
 from seckill.workers.loop import run_until_stopped
-from tests.brokers import Broker, Delivery, Nats, free_port, sink_of
+from tests.brokers import BROKERS, Broker, Delivery, Nats, free_port, sink_of
 from tests.conftest import RedisTarget, open_item, pay
 from tests.polling import wait_until
 
@@ -232,3 +239,47 @@ async def test_a_broker_down_mid_sale_loses_nothing_and_the_backlog_drains(
     server.stop()
     per_order, _ = order_events(got)
     assert per_order == {n: [str(k) for k in kinds] for n, kinds in expected.items()}
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_letters_the_broker_refused_are_delivered_once_it_takes_them_or_dropped(
+    engine: RedisEngine, ledger: Ledger, broker: Broker, sinks: list[Sink]
+) -> None:
+    await engine.load_item(open_item(total=100))
+    for n in (1, 2, 3):
+        await engine.reserve(1, buyer=f"b{n}", quantity=1, idempotency_key="k", order_id=n)
+    full = await broker.limit(capacity=1)  # takes the first message, refuses the others
+    sinks.append(full)
+    bridge = Bridge(
+        redis=engine.redis, sink=full, prefix=engine.prefix,
+        config=replace(QUICK, max_deliveries=1),
+    )  # fmt: skip
+    while not await drained(engine, bridge.group):
+        await bridge.run_once()
+    assert (bridge.forwarded, bridge.dead_lettered) == (1, 2)
+    first, second = letters = await list_dead_letters(ledger, engine, group=bridge.group)
+    assert all(letter.pending and letter.deliveries == 1 for letter in letters)
+    assert await list_dead_letters(ledger, engine, group=GROUP) == []
+
+    # Still full: a replay is refused, and the letter stays.
+    refused = await replay_dead_letters(ledger, engine, [first.id], sink=full)
+    assert [letter.refused for letter in refused.letters] != [None]
+    assert len(await list_dead_letters(ledger, engine)) == 2
+    (taken,) = await broker.received(1)
+
+    # The operator gives the broker room (here: another topology, with no limit).
+    roomy = await BROKERS[broker.name]()
+    try:
+        replayed = await replay_dead_letters(ledger, engine, [first.id], sink=sink_of(roomy, sinks))
+        assert replayed.ok, replayed
+        (delivered,) = await roomy.received(1)
+    finally:
+        await roomy.cleanup()
+    assert json.loads(delivered.body)["order_id"] == first.payload["order_id"]
+    assert delivered.message_id != taken.message_id
+    again = await replay_dead_letters(ledger, engine, [first.id], sink=full)
+    assert again.missing == [first.id]
+
+    assert (await drop_dead_letters(ledger, engine, [second.id])).ok
+    assert await list_dead_letters(ledger, engine) == []
+    assert await engine.redis.xlen(engine.keys(1).dead_letters) == 0

@@ -18,12 +18,13 @@ from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode
 
 if TYPE_CHECKING:
+    from seckill.domain.dead_letters import DeadLetter
     from seckill.domain.items import ItemRecord, Stock
     from seckill.reconcile.reconciler import ItemReport
     from seckill.services.archive import Archiving, Settlement
-    from seckill.services.dead_letters import Replay
+    from seckill.services.dead_letters import Settled
     from seckill.services.items import WarmedItem
-    from seckill.store.records import DeadLetterRecord, RefundRecord
+    from seckill.store.records import RefundRecord
 
 
 def print_warmed(console: Console, warmed: Sequence[WarmedItem]) -> bool:
@@ -126,26 +127,33 @@ def print_report(console: Console, report: ItemReport) -> None:
         console.print(table)
 
 
-def print_dead_letters(console: Console, letters: Sequence[DeadLetterRecord]) -> None:
-    """One row per dead letter, with its error and when it was replayed."""
+def print_dead_letters(console: Console, letters: Sequence[DeadLetter]) -> None:
+    """One row per dead letter, with its error and what a person did with it."""
     table = Table(title="Dead letters")
-    for column in ("id", "stream", "entry", "deliveries", "error", "replayed"):
+    for column in ("id", "group", "stream", "entry", "deliveries", "died", "error", "settled"):
         table.add_column(column)
     for d in letters:
-        replayed = d.replayed_at.isoformat(timespec="seconds") if d.replayed_at else ""
-        table.add_row(str(d.id), d.stream, d.entry_id, str(d.deliveries), d.error, replayed)
+        settled = ""
+        if d.replayed_at:
+            settled = f"replayed {d.replayed_at.isoformat(timespec='seconds')}"
+        elif d.dropped_at:
+            settled = f"dropped {d.dropped_at.isoformat(timespec='seconds')}"
+        table.add_row(
+            d.id, d.group, d.stream, d.entry_id, str(d.deliveries),
+            d.died_at.isoformat(timespec="seconds"), d.error, settled,
+        )  # fmt: skip
     console.print(table)
 
 
-def print_replay(console: Console, replay: Replay) -> None:
-    """The ids that were not pending, then one line per dead letter tried."""
-    for dead_id in replay.missing:
+def print_settled(console: Console, settled: Settled, done: str) -> None:
+    """The ids that name no pending dead letter, then one line per dead letter tried."""
+    for dead_id in settled.missing:
         console.print(f"[red]{dead_id}[/]: no pending dead letter with this id")
-    for letter in replay.letters:
+    for letter in settled.letters:
         if letter.refused is None:
-            console.print(f"[green]{letter.dead_letter_id}[/]: landed")
+            console.print(f"[green]{letter.id}[/]: {done}")
         else:
-            console.print(f"[red]{letter.dead_letter_id}[/]: still cannot land: {letter.refused}")
+            console.print(f"[red]{letter.id}[/]: {letter.refused}")
 
 
 def print_refunds(console: Console, refunds: Sequence[RefundRecord]) -> None:

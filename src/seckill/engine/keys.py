@@ -26,7 +26,7 @@ class ItemKeys:
     holds: str  # hash: order id -> hold record (JSON)
     deadlines: str  # sorted set: held order ids scored by deadline (ms)
     events: str  # stream: one entry per state change, the outbox and journal
-    dead_letters: str  # stream: entries the persister gave up on, with why
+    dead_letters: str  # stream: entries a consumer group gave up on, with why
     payments: str  # hash: provider payment id -> the notice's answer (JSON), applied once
     # hash: "out:<id>" / "in:<id>" -> the stock transfer (JSON) this shard sent / received
     transfers: str

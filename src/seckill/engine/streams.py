@@ -22,11 +22,12 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
+from seckill.domain.dead_letters import PERSISTER_GROUP
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.observability import metrics
 
-GROUP = "persister"
+GROUP = PERSISTER_GROUP
 """The persister's consumer group on every item stream."""
 
 UNREAD_COUNT_CAP = 100_000

@@ -23,6 +23,7 @@ archives an item at a time: the item's upkeep lease.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -154,19 +155,19 @@ class Archivist:
         for shard_keys in keys:
             letters = await self._ledger.dead_letter_count(shard_keys.events)
             if letters:
-                shown = f"{letters} not replayed: `seckill dead-letters replay`"
+                shown = f"{letters} pending: `seckill dead-letters replay --group {GROUP}`"
                 found.append(Hindrance(Unsettled.DEAD_LETTERS, f"{shard_keys.events}: {shown}"))
             remains = await self._engine.shard_remains(item_id, shard_keys.shard)
             # The persister's are in SQL (above); a bridge's are only here: what it could not
             # deliver is lost with the stream, so a person decides first.
-            others = [f for _, f in remains.dead_letters if f.get("dead_group", GROUP) != GROUP]
-            if others:
+            groups = Counter(f.get("dead_group", GROUP) for _, f in remains.dead_letters)
+            for group, letters in sorted(groups.items()):
+                if group == GROUP:
+                    continue
+                command = f"seckill dead-letters replay --group {group}"
+                shown = f"{letters} {group} gave up on: `{command}` (or `drop` them)"
                 found.append(
-                    Hindrance(
-                        Unsettled.DEAD_LETTERS,
-                        f"{shard_keys.dead_letters}: {len(others)} a bridge gave up on "
-                        "(deliver them, then delete them from that stream)",
-                    )
+                    Hindrance(Unsettled.DEAD_LETTERS, f"{shard_keys.dead_letters}: {shown}")
                 )
         drift = [
             f

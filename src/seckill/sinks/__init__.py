@@ -14,6 +14,7 @@ from seckill.sinks.base import (
     SinkError,
     SinkRefused,
     SinkUnavailable,
+    bridge_group,
     sink_from_url,
 )
 from seckill.sinks.messages import Message, OrderEventBody, body_schema, order_message
@@ -26,6 +27,7 @@ __all__ = [
     "SinkRefused",
     "SinkUnavailable",
     "body_schema",
+    "bridge_group",
     "order_message",
     "sink_from_url",
 ]

@@ -117,6 +117,12 @@ async def publish_in_order(
         raise SinkRefused(refused)
 
 
+def bridge_group(sink: str) -> str:
+    """The consumer group of the bridge to ``sink`` on every item stream (``bridge-rabbitmq``):
+    one per sink, beside the persister's, each with its own progress."""
+    return f"bridge-{sink}"
+
+
 RABBITMQ_SCHEMES = frozenset({"amqp", "amqps"})
 NATS_SCHEMES = frozenset({"nats", "tls"})
 

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from seckill.domain.dead_letters import PERSISTER_GROUP, DeadLetter
 from seckill.domain.events import EventKind, StockEvent
 from seckill.domain.items import SALE_TERMS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
 from seckill.domain.orders import OrderStatus
@@ -22,7 +23,6 @@ from seckill.domain.shards import home_shard
 from seckill.store.landing import land_batch
 from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
-    DeadLetterRecord,
     ItemBook,
     JournalRow,
     LandedOrder,
@@ -31,8 +31,8 @@ from seckill.store.records import (
     RefundRecord,
     RepairRecord,
 )
+from seckill.store.tables import DeadLetter as DeadLetterRow
 from seckill.store.tables import (
-    DeadLetter,
     Inventory,
     Item,
     Order,
@@ -390,13 +390,13 @@ class Ledger:
         """Record an entry given up on. Recording the same entry twice keeps the first."""
         async with self.engine.begin() as conn:
             known = await conn.execute(
-                select(DeadLetter.id).where(
-                    DeadLetter.stream == stream, DeadLetter.entry_id == entry_id
+                select(DeadLetterRow.id).where(
+                    DeadLetterRow.stream == stream, DeadLetterRow.entry_id == entry_id
                 )
             )
             if known.first() is None:
                 await conn.execute(
-                    insert(DeadLetter).values(
+                    insert(DeadLetterRow).values(
                         stream=stream,
                         entry_id=entry_id,
                         payload=json.dumps(payload, sort_keys=True),
@@ -406,43 +406,55 @@ class Ledger:
                     )
                 )
 
-    async def dead_letters(self, *, include_replayed: bool = False) -> list[DeadLetterRecord]:
-        query = select(DeadLetter).order_by(DeadLetter.id)
-        if not include_replayed:
-            query = query.where(DeadLetter.replayed_at.is_(None))
+    async def dead_letters(self, *, include_settled: bool = False) -> list[DeadLetter]:
+        """The persister's dead letters, oldest first: pending ones only unless
+        ``include_settled`` (replayed or dropped too)."""
+        query = select(DeadLetterRow).order_by(DeadLetterRow.id)
+        if not include_settled:
+            query = query.where(_pending_letter())
         async with self.engine.connect() as conn:
             rows = await conn.execute(query)
             return [
-                DeadLetterRecord(
-                    id=r.id, stream=r.stream, entry_id=r.entry_id, payload=json.loads(r.payload),
-                    error=r.error, deliveries=r.deliveries, created_at=r.created_at,
-                    replayed_at=r.replayed_at,
+                DeadLetter(
+                    id=str(r.id), group=PERSISTER_GROUP, stream=r.stream, entry_id=r.entry_id,
+                    payload=json.loads(r.payload), error=r.error, deliveries=r.deliveries,
+                    died_at=r.created_at, replayed_at=r.replayed_at, dropped_at=r.dropped_at,
                 )
                 for r in rows
             ]  # fmt: skip
 
     async def dead_letter_count(self, stream: str) -> int:
-        """Dead letters of one stream not replayed yet."""
+        """Pending dead letters of one stream."""
         return (await self.dead_letter_counts([stream]))[stream]
 
     async def dead_letter_counts(self, streams: Sequence[str]) -> dict[str, int]:
         """``dead_letter_count`` of many streams (0 for one with none), in one statement."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
-                select(DeadLetter.stream, func.count())
-                .where(DeadLetter.stream.in_(streams), DeadLetter.replayed_at.is_(None))
-                .group_by(DeadLetter.stream)
+                select(DeadLetterRow.stream, func.count())
+                .where(DeadLetterRow.stream.in_(streams), _pending_letter())
+                .group_by(DeadLetterRow.stream)
             )
             counted = {stream: int(count) for stream, count in rows}
         return {stream: counted.get(stream, 0) for stream in streams}
 
     async def mark_replayed(self, dead_letter_id: int) -> None:
+        await self._settle_letter(dead_letter_id, replayed_at=datetime.now(UTC))
+
+    async def mark_dropped(self, dead_letter_id: int) -> None:
+        await self._settle_letter(dead_letter_id, dropped_at=datetime.now(UTC))
+
+    async def _settle_letter(self, dead_letter_id: int, **settled: datetime) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(
-                update(DeadLetter)
-                .where(DeadLetter.id == dead_letter_id)
-                .values(replayed_at=datetime.now(UTC))
+                update(DeadLetterRow)
+                .where(DeadLetterRow.id == dead_letter_id, _pending_letter())
+                .values(**settled)
             )
+
+
+def _pending_letter() -> Any:
+    return DeadLetterRow.replayed_at.is_(None) & DeadLetterRow.dropped_at.is_(None)
 
 
 def _landed_order(row: Any) -> LandedOrder:

@@ -38,20 +38,6 @@ class OrderRecord:
     release_reason: str | None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeadLetterRecord:
-    """A stream entry the persister gave up on, with why, and whether it was replayed since."""
-
-    id: int
-    stream: str
-    entry_id: str
-    payload: dict[str, str]
-    error: str
-    deliveries: int
-    created_at: datetime
-    replayed_at: datetime | None
-
-
 @dataclass(frozen=True, slots=True)
 class JournalRow:
     """One landed event, as the reconciler needs it."""

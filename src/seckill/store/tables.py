@@ -174,7 +174,8 @@ class StockFlow(Base):
 
 
 class DeadLetter(Base):
-    """A stream entry that could not be landed after its deliveries, with why."""
+    """A stream entry the persister could not land after its deliveries, with why, and what a
+    person did with it since (replayed: landed; dropped: decided not to land it)."""
 
     __tablename__ = "dead_letters"
 
@@ -186,6 +187,7 @@ class DeadLetter(Base):
     deliveries: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     replayed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    dropped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (UniqueConstraint("stream", "entry_id"),)
 

@@ -27,23 +27,26 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import BadEvent, decode_event
 from seckill.engine.cluster import RedisClient
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.observability import metrics
-from seckill.sinks import Message, Sink, SinkRefused, SinkUnavailable, order_message
+from seckill.sinks import (
+    Message,
+    Sink,
+    SinkRefused,
+    SinkUnavailable,
+    bridge_group,
+    order_message,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_PAUSE_S = 5.0
-
-
-def bridge_group(sink: str) -> str:
-    """The consumer group of the bridge to ``sink`` (e.g. ``bridge-rabbitmq``)."""
-    return f"bridge-{sink}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,14 +164,11 @@ class Bridge:
         await self._dead_letter(entry, error, deliveries=deliveries)
 
     async def _dead_letter(self, entry: Entry, error: str, *, deliveries: int) -> None:
-        dead: dict[Any, Any] = {
-            **entry.fields,
-            "dead_entry_id": entry.entry_id,
-            "dead_group": self.group,
-            "dead_error": error[:1000],
-            "dead_deliveries": deliveries,
-        }
-        await self._redis.xadd(entry.keys.dead_letters, dead)
+        dead = dead_letter_fields(
+            entry.fields, entry_id=entry.entry_id, group=self.group, error=error,
+            deliveries=deliveries,
+        )  # fmt: skip
+        await self._redis.xadd(entry.keys.dead_letters, cast(Any, dead))
         await self._reader.ack([entry])
         self.dead_lettered += 1
         metrics.BRIDGE_DEAD_LETTERS.labels(sink=self._sink.name).inc()

@@ -36,8 +36,9 @@ import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
@@ -211,12 +212,10 @@ class Persister:
             error=error,
             deliveries=deliveries,
         )
-        dead: dict[Any, Any] = {
-            **entry.fields,
-            "dead_entry_id": entry.entry_id,
-            "dead_error": error[:1000],
-        }
-        await self._redis.xadd(entry.keys.dead_letters, dead)
+        dead = dead_letter_fields(
+            entry.fields, entry_id=entry.entry_id, group=GROUP, error=error, deliveries=deliveries
+        )
+        await self._redis.xadd(entry.keys.dead_letters, cast(Any, dead))
         await self._reader.ack([entry])
         self.dead_lettered += 1
         metrics.DEAD_LETTERS.inc()
