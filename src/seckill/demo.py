@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -79,8 +80,12 @@ def run_demo(
                 )
             console.print(f"Redis Cluster up: {redis_cluster} masters, a replica each")
             server_env |= {"SECKILL_REDIS_URL": cluster.url, "SECKILL_REDIS_CLUSTER": "true"}
+        prefix = settings.key_prefix
         if bridge_url:
-            server_env["SECKILL_BRIDGE_URL"] = bridge_url
+            # The broker is shared: a prefix of this run's own keeps its message ids (the stream
+            # key and entry id) and bodies apart from another demo's, even one running now.
+            prefix = f"demo-{secrets.token_hex(4)}"
+            server_env |= {"SECKILL_BRIDGE_URL": bridge_url, "SECKILL_KEY_PREFIX": prefix}
         workers = "persister, reaper, reconciler" + (", bridge" if bridge_url else "")
         with console.status(f"starting seckill serve: API, {workers}"):
             url = stack.enter_context(serving(settings.data_dir, server_env))
@@ -89,7 +94,7 @@ def run_demo(
         rehearsal = rehearse(
             url, plan, credentials, kind="demo", console=console,
             database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,
-            bridge_url=bridge_url, since_ms=started_ms,
+            bridge_url=bridge_url, since_ms=started_ms, prefix=prefix,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
 

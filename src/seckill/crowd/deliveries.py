@@ -3,7 +3,8 @@
 A plain consumer of the broker's default topology (RabbitMQ's quorum queue ``seckill.orders``;
 an ephemeral pull consumer on NATS's stream ``SECKILL_ORDERS``, new messages only) is attached
 before the item exists and reads until the audit. The topology is shared: messages of other
-items, of earlier sales (a throwaway server numbers its items from 1 again) and anything that is
+items, of earlier sales (a throwaway server numbers its items from 1 again), of other
+deployments (another key prefix: the demo gives each bridged run its own) and anything that is
 not an order event are skipped, by the body's item, its stream, its message id and its time.
 What RabbitMQ's queue holds is consumed: every message read is acknowledged.
 
@@ -98,15 +99,22 @@ def _owed(orders: Mapping[str, str]) -> set[tuple[str, str]]:
 
 
 async def delivered(
-    feed: Feed, *, item_id: int, orders: Mapping[str, str], journal: Iterable[JournalRow] | None
+    feed: Feed,
+    *,
+    item_id: int,
+    orders: Mapping[str, str],
+    journal: Iterable[JournalRow] | None,
+    prefix: str = DEFAULT_PREFIX,
 ) -> Check:
     """Wait for the sale's events to arrive (every one SQL journaled, and each order's
     ``reserved`` and last event), up to a bound, then judge what did."""
-    journaled = journaled_ids(item_id, journal) if journal is not None else set()
+    journaled = journaled_ids(item_id, journal, prefix=prefix) if journal is not None else set()
     owed = _owed(orders)
 
     def sale(received: Iterable[Delivery]) -> list[Delivery]:
-        return [d for d in received if ours(d, item_id=item_id, since_ms=feed.since_ms)]
+        return [
+            d for d in received if ours(d, item_id=item_id, since_ms=feed.since_ms, prefix=prefix)
+        ]
 
     def done(received: Sequence[Delivery]) -> bool:
         got = sale(received)

@@ -16,6 +16,7 @@ from seckill.crowd.live import LiveView, print_result
 from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.result import CrowdResult
 from seckill.crowd.sale import Sale, open_sale, run_sale
+from seckill.engine.keys import DEFAULT_PREFIX
 
 REQUEST_TIMEOUT_S = 30
 
@@ -48,12 +49,14 @@ async def rehearse(
     queue: QueuePlan | None = None,
     bridge_url: str | None = None,
     since_ms: int = 0,
+    prefix: str = DEFAULT_PREFIX,
 ) -> Rehearsal:
     """Run the sale against ``url``, showing it live, then audit it and write the reports
     (``<report_dir>/<kind>-<time>.json`` and ``.html``) unless ``report_dir`` is None.
     ``queue``: the crowd goes through the deployment's waiting room. ``bridge_url``: the broker
     the deployment's bridge forwards to; a consumer follows it from before the item is made
-    (skipping messages older than ``since_ms``), and one more verdict judges what it got."""
+    (skipping messages older than ``since_ms`` or of other key prefixes than the deployment's
+    ``prefix``), and one more verdict judges what it got."""
     from seckill.crowd.report import write_reports
 
     async with contextlib.AsyncExitStack() as stack:
@@ -68,7 +71,7 @@ async def rehearse(
         checks = await sale.audit(client, database_url=database_url)
         if feed is not None:
             sale.log.phase = "order events"
-            checks.append(await sale.deliveries(feed, database_url=database_url))
+            checks.append(await sale.deliveries(feed, database_url=database_url, prefix=prefix))
     result = sale.result(url, checks)
     print_result(console, result)
     json_path = html_path = None

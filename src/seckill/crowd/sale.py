@@ -31,6 +31,7 @@ from seckill.crowd.result import CrowdResult
 from seckill.crowd.summary import summarize
 from seckill.crowd.waiting import QueueCrowd
 from seckill.engine.audit import Check
+from seckill.engine.keys import DEFAULT_PREFIX
 
 SETTLE_MARGIN_S = 60.0  # beyond the hold time, for the reaper and the persister to catch up
 LOOK_EVERY_S = 0.25
@@ -79,7 +80,9 @@ class Sale:
             checks += queue_verdicts(self.queue_figures)
         return checks
 
-    async def deliveries(self, feed: Feed, *, database_url: str | None = None) -> Check:
+    async def deliveries(
+        self, feed: Feed, *, database_url: str | None = None, prefix: str = DEFAULT_PREFIX
+    ) -> Check:
         """The verdict on what a broker's consumer got of the sale's order events (the bridge's
         work): each order the crowd holds, and with a database every event SQL journaled."""
         book = await read_book(database_url, self.item_id) if database_url else None
@@ -88,6 +91,7 @@ class Sale:
             item_id=self.item_id,
             orders={o.order_id: o.status for o in self.log.orders.values()},
             journal=book.journal if book is not None else None,
+            prefix=prefix,
         )
 
     def result(self, target: str, checks: list[Check]) -> CrowdResult:
