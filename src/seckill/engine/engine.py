@@ -134,6 +134,7 @@ class Recovery:
 
 
 _REPAIR_BATCH = 1_000
+RESTORE_BATCH = 500  # events put back per script call: each call blocks its node meanwhile
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
 _SHARD_FIELDS = ("shards", "item_total")  # on a shard, the item's count and total
 _SHORT = frozenset({Outcome.SOLD_OUT, Outcome.INSUFFICIENT_STOCK})
@@ -688,6 +689,22 @@ class RedisEngine:
         return Recovery(
             restored, advanced, conflicts, Stock(available + held + sold, available, held, sold)
         )
+
+    async def restore_events(
+        self, item_id: int, shard: int, entries: Sequence[tuple[str, dict[str, str]]]
+    ) -> tuple[int, int]:
+        """Put back on a shard's stream, under their own ids, events it lost that SQL landed
+        (``entries`` in id order; restore_events.lua): how many went back, how many the
+        stream already had (or had and trimmed)."""
+        restored = skipped = 0
+        for start in range(0, len(entries), RESTORE_BATCH):
+            batch = [[entry_id, [x for pair in fields.items() for x in pair]]
+                     for entry_id, fields in entries[start : start + RESTORE_BATCH]]  # fmt: skip
+            reply = await self._call(
+                ScriptName.RESTORE_EVENTS, item_id, json.dumps(batch), shard=shard
+            )
+            restored, skipped = restored + int(reply[0]), skipped + int(reply[1])
+        return restored, skipped
 
     # redis-py types its replies loosely (bytes | str, sync | async); the client here always
     # decodes, so the reads below state the shapes they get.

@@ -58,6 +58,7 @@ class ScriptName(StrEnum):
     SNAPSHOT = "snapshot"
     FENCE = "fence"
     TERMS = "terms"
+    RESTORE_EVENTS = "restore_events"
 
 
 # Scripts over one item's keys share the helpers and the KEYS layout of _common.lua.
@@ -66,7 +67,7 @@ ITEM_SCRIPTS = frozenset(
      ScriptName.CLAIM_PAYMENT, ScriptName.EXPIRE_DUE, ScriptName.REPLAY_HOLDS,
      ScriptName.REPLAY_REFUNDS, ScriptName.RECOUNT, ScriptName.RECOVER, ScriptName.TRANSFER_OUT,
      ScriptName.TRANSFER_IN, ScriptName.ARCHIVE, ScriptName.SNAPSHOT, ScriptName.FENCE,
-     ScriptName.TERMS}
+     ScriptName.TERMS, ScriptName.RESTORE_EVENTS}
 )  # fmt: skip
 
 # Item scripts that move or count holds also take _holds.lua. The others go without: a script

@@ -8,8 +8,10 @@ holds with their deadlines and buyers' units all come from the merged holds. Eac
 is verified again (its fence lifted): it sells.
 
 Given back as well, because SQL has them: each paid order's payment and each refund owed (a
-provider's retry is answered as it was), and the idempotency record of every order whose key
-SQL kept that has not expired (a buyer's retry replays its order, and never holds a second).
+provider's retry is answered as it was), the idempotency record of every order whose key SQL
+kept that has not expired (a buyer's retry replays its order, and never holds a second), and
+every order event SQL landed past what a shard's stream still has, under its own entry id (a
+bridge that had not read it publishes it under the message id it would have had).
 Not rebuilt, because SQL never had them: rate windows and failed payment notices (a repeat finds
 the order released or paid, and answers so).
 
@@ -25,7 +27,7 @@ import json
 from collections import defaultdict
 from datetime import UTC, datetime
 
-from seckill.domain.events import stream_position
+from seckill.domain.events import EventKind, stream_position
 from seckill.domain.items import Stock
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
@@ -34,7 +36,7 @@ from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RecoveredOrder, RecoveredPayment, Recovery, RedisEngine
 from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
-from seckill.store.records import ItemBook, LandedOrder
+from seckill.store.records import ItemBook, JournalRow, LandedOrder, RefundRecord
 
 
 async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recovery:
@@ -59,6 +61,7 @@ async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Rec
         newest[row.shard] = max(newest[row.shard], stream_position(row.event_id))
     landed = {shard: f"{ms}-{seq}" for shard, (ms, seq) in newest.items()}
     await _give_back_keys(engine, item_id, book)
+    await _give_back_events(engine, item_id, book)
     if shards == 1:
         return await engine.recover(
             item, last_landed_id=landed[0], orders=orders[0], payments=payments[0]
@@ -163,6 +166,50 @@ async def _give_back_keys(engine: RedisEngine, item_id: int, book: ItemBook) -> 
             queued += 1
         if queued:
             await pipe.execute()
+
+
+async def _give_back_events(engine: RedisEngine, item_id: int, book: ItemBook) -> int:
+    """Put back on each shard's stream the order events SQL landed from it past the stream's
+    last id (a bridge may not have read them when Redis lost them); how many went back."""
+    shards = book.item.stock_shards if book.item else 1
+    last = await engine.last_event_ids([(item_id, shard) for shard in range(shards)])
+    refunds = {(r.shard, r.event_id): r for r in book.refunds.values()}
+    lost: dict[int, list[tuple[str, dict[str, str]]]] = defaultdict(list)
+    for row in sorted(book.journal, key=lambda r: stream_position(r.event_id)):
+        if stream_position(row.event_id) <= stream_position(last[row.shard]):
+            continue
+        fields = _entry_fields(item_id, row, book, refunds.get((row.shard, row.event_id)))
+        if fields is not None:
+            lost[row.shard].append((row.event_id, fields))
+    restored = 0
+    for shard, entries in lost.items():
+        restored += (await engine.restore_events(item_id, shard, entries))[0]
+    return restored
+
+
+def _entry_fields(
+    item_id: int, row: JournalRow, book: ItemBook, refund: RefundRecord | None
+) -> dict[str, str] | None:
+    """The fields of the stream entry an order event was, as the scripts wrote them; None for an
+    event no broker is sent (loaded, transfers) or one whose order SQL lacks."""
+    order = book.orders.get(row.order_id) if row.order_id is not None else None
+    if order is None:
+        return None
+    fields = {"event": str(row.event), "item_id": str(item_id), "order_id": str(order.order_id),
+              "buyer": order.buyer, "quantity": str(row.quantity or order.quantity),
+              "at_ms": str(row.at_ms)}  # fmt: skip
+    match row.event:
+        case EventKind.RESERVED:
+            deadline = datetime_to_ms(order.deadline_at) if order.deadline_at else 0
+            return fields | {"deadline_ms": str(deadline), "request_id": order.request_id or "",
+                             "key": order.idempotency_key or ""}  # fmt: skip
+        case EventKind.PAID if order.payment_id is not None:
+            return fields | {"payment_id": order.payment_id}
+        case EventKind.RELEASED:
+            return fields | {"reason": row.reason or order.release_reason or "expired"}
+        case EventKind.REFUND_REQUIRED if refund is not None:
+            return fields | {"reason": refund.reason, "payment_id": refund.payment_id}
+    return None
 
 
 def _stock(total: int, held: int, sold: int) -> Stock:

@@ -20,6 +20,7 @@ from seckill.domain.events import EventKind, StockEvent
 from seckill.domain.items import SALE_TERMS, STOCK_FIELDS, ItemRecord, NewItem, SaleItem, Stock
 from seckill.domain.orders import OrderStatus
 from seckill.domain.shards import home_shard
+from seckill.domain.times import datetime_to_ms
 from seckill.store.landing import land_batch
 from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
@@ -139,6 +140,7 @@ class Ledger:
                     StockFlow.quantity,
                     StockFlow.shard,
                     StockFlow.reason,
+                    StockFlow.at,
                 ).where(StockFlow.item_id.in_(item_ids))
             )
             refunds = await conn.execute(select(Refund).where(Refund.item_id.in_(item_ids)))
@@ -150,11 +152,11 @@ class Ledger:
                 orders_of[row.item_id][row.id] = _landed_order(row)
             journal_of: dict[int, list[JournalRow]] = {i: [] for i in item_ids}
             for r in journal:
-                journal_of[r.item_id].append(
-                    JournalRow(
-                        r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard, r.reason
-                    )
-                )
+                landed = JournalRow(
+                    r.event_id, EventKind(r.event), r.order_id, r.quantity, r.shard, r.reason,
+                    datetime_to_ms(r.at),
+                )  # fmt: skip
+                journal_of[r.item_id].append(landed)
             refunds_of: dict[int, dict[str, RefundRecord]] = {i: {} for i in item_ids}
             for refund in refunds:
                 refunds_of[refund.item_id][refund.payment_id] = refund_record(refund)
@@ -469,6 +471,7 @@ def _landed_order(row: Any) -> LandedOrder:
         payment_id=row.payment_id,
         idempotency_key=row.idempotency_key,
         reserved_at=row.reserved_at,
+        request_id=row.request_id,
     )
 
 

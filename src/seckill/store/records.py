@@ -25,6 +25,7 @@ class LandedOrder:
     payment_id: str | None = None  # the payment that paid it
     idempotency_key: str | None = None  # the buyer's key for the purchase
     reserved_at: datetime | None = None
+    request_id: str | None = None  # the API request that reserved it
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ class JournalRow:
     quantity: int | None
     shard: int = 0  # the stock shard whose stream carried it
     reason: str | None = None  # released, refund_required: why
+    at_ms: int = 0  # when Redis emitted it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
