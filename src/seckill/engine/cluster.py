@@ -72,11 +72,24 @@ def connect(url: str, *, cluster: bool, max_connections: int) -> RedisClient:
     unbounded: a burst opens what it needs per node, and the connections stay for the next.
     """
     if cluster:
-        return RedisCluster.from_url(url, decode_responses=True, max_connections=2**31)
+        return _Cluster.from_url(url, decode_responses=True, max_connections=2**31)
     pool = BlockingConnectionPool.from_url(
         url, decode_responses=True, max_connections=max_connections
     )
     return Redis.from_pool(pool)  # the client owns the pool and closes it
+
+
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, whose calls on a connection to a node that just went away fail
+    as a lost connection (the API's 503), as they do on one Redis."""
+
+    async def execute_command(self, *args: EncodableT, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except (RuntimeError, AttributeError) as exc:
+            # redis-py 8.1 writes on such a connection's closed transport, or on none, and
+            # raises the transport's own error (redis/redis-py#4287): a 500 without this.
+            raise RedisConnectionError(f"connection lost: {exc!r}") from exc
 
 
 def routing_key(args: Sequence[EncodableT]) -> str:
