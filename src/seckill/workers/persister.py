@@ -10,6 +10,8 @@ idempotent and order-independent.
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
   lands or the worker is stopped; nothing is read meanwhile, so the backlog waits in Redis;
+  before each try the batch keeps only the entries their streams still have (Redis may have
+  lost writes meanwhile: those are not landed);
 - another persister's transaction took a key this batch was about to write (the row of a new
   order whose events two batches carry): the batch is retried as it is, at once, and finds the
   other's rows; a key still refused after ``race_retries`` tries blames the entries, as below;
@@ -172,6 +174,9 @@ class Persister:
                     log.warning("database unavailable (%s); retrying in %.1f s", exc, pause)
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, self.config.retry_pause_max_s)
+                    batch = await self._still_in_redis(batch)
+                    if not batch:
+                        return []
                     continue
                 if len(batch) == 1:
                     entry = batch[0][0]
@@ -186,6 +191,23 @@ class Persister:
                     return []
                 half = len(batch) // 2
                 return await self._apply(batch[:half]) + await self._apply(batch[half:])
+
+    async def _still_in_redis(
+        self, batch: Sequence[tuple[Entry, StockEvent]]
+    ) -> Sequence[tuple[Entry, StockEvent]]:
+        """The entries of ``batch`` their streams still have. During an outage Redis may have
+        lost some (a restart from an older AOF, a lagging replica promoted) and the reconciler
+        found SQL agreeing without them: landing them late would record what Redis no longer
+        holds (a unit it may have sold again). One pipelined read."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for entry, _ in batch:
+                pipe.xrange(entry.keys.events, entry.entry_id, entry.entry_id, count=1)
+            found = await pipe.execute()
+        kept = [pair for pair, hit in zip(batch, found, strict=True) if hit]
+        if len(kept) < len(batch):
+            log.warning("%d entries read before the outage are gone from Redis (it lost writes): "
+                        "not landed", len(batch) - len(kept))  # fmt: skip
+        return kept
 
     async def _fence(self, entry: Entry, error: str) -> None:
         """Redis sold what SQL counts sold already: it lost writes. Its shard stops selling."""
