@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,9 @@ bench-waiting-room: $(STAMP)  # starts its own redis-server and servers on free 
 
 bench-bridge: $(STAMP)  # starts its own redis-server; RabbitMQ and NATS: SECKILL_TEST_AMQP_URL, SECKILL_TEST_NATS_URL
 	$(BIN)/python -m benchmarks.bridge $(BENCH_ARGS)
+
+soak: $(STAMP)  # a Redis Cluster, NATS and processes of its own; PostgreSQL: SECKILL_TEST_POSTGRES_URL
+	$(BIN)/python -m benchmarks.soak $(BENCH_ARGS)
 
 bench-history: $(STAMP)  # starts its own redis-servers, SQLite databases and servers on free ports
 	$(BIN)/python -m benchmarks.history $(BENCH_ARGS)

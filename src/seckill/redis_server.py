@@ -91,6 +91,11 @@ class RedisServer:
         return f"unix://{self._socket_dir / 'redis.sock'}?db=0"
 
     @property
+    def directory(self) -> Path | None:
+        """Where its files are (None before the first start)."""
+        return self._dir
+
+    @property
     def socket_path(self) -> Path | None:
         return None if self._socket_dir is None else self._socket_dir / "redis.sock"
 

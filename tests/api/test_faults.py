@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 
+from benchmarks.tcp_proxy import TcpProxy
 from seckill.domain.rules import MAX_KEY_LEN
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
@@ -20,7 +21,6 @@ from seckill.store.ledger import Ledger
 from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import SERVER_BACKENDS, RedisTarget, redis_settings
 from tests.polling import wait_until
-from tests.tcp_proxy import TcpProxy
 
 single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import jsonschema_rs
 import pytest
 
+from benchmarks.tcp_proxy import TcpProxy
 from seckill.domain.events import EventKind, decode_event
 from seckill.engine.keys import item_keys
 from seckill.sinks import (
@@ -32,7 +33,6 @@ from seckill.sinks import (
 from seckill.sinks.nats import NatsSink
 from seckill.sinks.rabbitmq import RabbitMQSink
 from tests.brokers import FAST, Broker, elsewhere, free_port, sink_of
-from tests.tcp_proxy import TcpProxy
 
 # -- the messages ---------------------------------------------------------------------------------
 
