@@ -195,7 +195,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 # reach the collection.
 @pytest.mark.usefixtures("schemathesis_on_pytest_9_2", "auth_headers")
 @settings(
-    max_examples=50,
+    max_examples=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -53,7 +53,7 @@ from tests.conftest import SERVER_BACKENDS, ManualClock, RedisTarget, client_of,
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
 MODEL_SETTINGS = settings(
-    max_examples=15,
+    max_examples=8,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -306,4 +306,4 @@ def test_every_charge_is_accounted_for_on_sql_servers(
 ) -> None:
     """The SQL servers, with fewer examples: refunds landing and archived notices settled in
     PostgreSQL and MariaDB (their locks, their keys)."""
-    run_machine(redis_server, sql_url, settings(MODEL_SETTINGS, max_examples=8))
+    run_machine(redis_server, sql_url, settings(MODEL_SETTINGS, max_examples=5))
