@@ -15,8 +15,8 @@ from seckill.sinks.base import (
     SinkRefused,
     SinkUnavailable,
     bridge_group,
-    sink_from_url,
 )
+from seckill.sinks.by_url import sink_from_url
 from seckill.sinks.messages import Message, OrderEventBody, body_schema, order_message
 
 __all__ = [

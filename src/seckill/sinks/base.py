@@ -1,10 +1,10 @@
-"""The sink protocol, what its failures mean, and the choice of an adapter by URL."""
+"""The sink protocol and what its failures mean."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from seckill.sinks.messages import Message
@@ -121,27 +121,6 @@ def bridge_group(sink: str) -> str:
     """The consumer group of the bridge to ``sink`` on every item stream (``bridge-rabbitmq``):
     one per sink, beside the persister's, each with its own progress."""
     return f"bridge-{sink}"
-
-
-RABBITMQ_SCHEMES = frozenset({"amqp", "amqps"})
-NATS_SCHEMES = frozenset({"nats", "tls"})
-
-
-def sink_from_url(url: str, **options: Any) -> Sink:
-    """The sink a URL names: ``amqp://`` or ``amqps://`` RabbitMQ, ``nats://`` or ``tls://``
-    NATS JetStream. ``options`` go to the adapter's constructor. Nothing connects yet."""
-    scheme = urlsplit(url).scheme.lower()
-    # Imported here: choosing one broker does not load the other's client.
-    if scheme in RABBITMQ_SCHEMES:
-        from seckill.sinks.rabbitmq import RabbitMQSink
-
-        return RabbitMQSink(url, **options)
-    if scheme in NATS_SCHEMES:
-        from seckill.sinks.nats import NatsSink
-
-        return NatsSink(url, **options)
-    known = ", ".join(f"{s}://" for s in sorted(RABBITMQ_SCHEMES | NATS_SCHEMES))
-    raise ValueError(f"no sink for {redact_url(url)!r}: the URL must start with one of {known}")
 
 
 def redact_url(url: str) -> str:
