@@ -66,9 +66,9 @@ from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
 from seckill.domain.orders import OrderStatus
 from seckill.engine.keys import item_keys
-from seckill.reconcile.records import audit_records
 from seckill.redis_cluster import LocalCluster, free_cluster_port
 from seckill.redis_server import die_with_parent
+from seckill.services.reconcile.records import audit_records
 from seckill.sinks.messages import message_id
 from seckill.sinks.nats import DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
 from seckill.store.tables import Order, StockFlow

@@ -25,8 +25,8 @@ from seckill.bootstrap import Runtime, open_runtime, settle_heap
 from seckill.config import Settings
 from seckill.engine.queues import Queues
 from seckill.observability.logs import configure_logging
-from seckill.reconcile.reconciler import Reconciler
 from seckill.services.archive import Archivist
+from seckill.services.reconcile.reconciler import Reconciler
 from seckill.sinks import sink_from_url
 from seckill.workers.archiver import Archiver
 from seckill.workers.bridge import Bridge

@@ -14,7 +14,7 @@ import pytest
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import HoldState
-from seckill.reconcile.records import compare_records
+from seckill.services.reconcile.records import compare_records
 from tests.api.conftest import Api
 from tests.polling import wait_until
 

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from seckill.engine.audit import audit_item
-from seckill.reconcile.records import compare_records
+from seckill.services.reconcile.records import compare_records
 from tests.api.conftest import Answer, Api
 from tests.polling import wait_until
 

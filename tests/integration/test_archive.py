@@ -24,14 +24,14 @@ from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import items_registry, upkeep_lock_key
 from seckill.engine.scripts import ScriptName, Scripts
-from seckill.reconcile.reconciler import Reconciler
-from seckill.reconcile.records import audit_records
-from seckill.reconcile.recovery import recover_item
 from seckill.redis_server import RedisServer
 from seckill.services.archive import Archivist
 from seckill.services.dead_letters import drop_dead_letters, list_dead_letters
 from seckill.services.items import item_counters, warm_item
 from seckill.services.orders import OrderBook
+from seckill.services.reconcile.reconciler import Reconciler
+from seckill.services.reconcile.records import audit_records
+from seckill.services.reconcile.recovery import recover_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Payment
 from seckill.workers.archiver import Archiver

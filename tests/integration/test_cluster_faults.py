@@ -28,10 +28,10 @@ from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import item_keys, items_registry
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import stream_drained
-from seckill.reconcile.reconciler import Reconciler
-from seckill.reconcile.records import compare_records
 from seckill.redis_cluster import LocalCluster
 from seckill.serve import WorkerKind
+from seckill.services.reconcile.reconciler import Reconciler
+from seckill.services.reconcile.records import compare_records
 from seckill.store.ledger import Ledger
 from seckill.workers.reaper import Reaper
 from tests.api.conftest import Api, api_settings, running_api

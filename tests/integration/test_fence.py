@@ -22,11 +22,11 @@ from seckill.domain.outcomes import Outcome
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import GROUP, read_progress
-from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Reconciler
-from seckill.reconcile.records import audit_records
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
+from seckill.services.reconcile.drift import Drift
+from seckill.services.reconcile.reconciler import Reconciler
+from seckill.services.reconcile.records import audit_records
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import new_item, pay, redis7_binary

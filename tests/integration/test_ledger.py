@@ -27,7 +27,7 @@ from seckill.domain.items import Stock
 from seckill.domain.outcomes import Outcome
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile.records import compare_records
+from seckill.services.reconcile.records import compare_records
 from seckill.store.database import is_race, is_transient, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Base, Inventory, Order

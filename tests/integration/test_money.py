@@ -12,9 +12,9 @@ from sqlalchemy import insert, select
 from seckill.domain.events import ReleaseReason
 from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import audit_item
-from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Reconciler
-from seckill.reconcile.records import audit_records
+from seckill.services.reconcile.drift import Drift
+from seckill.services.reconcile.reconciler import Reconciler
+from seckill.services.reconcile.records import audit_records
 from seckill.store.tables import Order, Refund
 from tests.conftest import pay
 from tests.integration.test_pipeline import Sale, drain

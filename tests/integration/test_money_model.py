@@ -40,10 +40,10 @@ from seckill.domain.outcomes import InvalidRequest, Outcome
 from seckill.engine.audit import redis_accounts
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
-from seckill.reconcile.drift import sql_accounts
-from seckill.reconcile.records import audit_records
 from seckill.services.archive import Archivist
 from seckill.services.orders import OrderBook
+from seckill.services.reconcile.drift import sql_accounts
+from seckill.services.reconcile.records import audit_records
 from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Base

@@ -21,9 +21,9 @@ from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import GROUP, stream_drained
-from seckill.reconcile.records import compare_records
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
+from seckill.services.reconcile.records import compare_records
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import new_item, pay, redis7_binary

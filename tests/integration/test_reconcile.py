@@ -16,11 +16,11 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Reconciler
-from seckill.reconcile.records import audit_records
-from seckill.reconcile.recovery import recover_item
 from seckill.services.items import warm_item
+from seckill.services.reconcile.drift import Drift
+from seckill.services.reconcile.reconciler import Reconciler
+from seckill.services.reconcile.records import audit_records
+from seckill.services.reconcile.recovery import recover_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Order
 from seckill.workers.reconciler import ReconcilerWorker

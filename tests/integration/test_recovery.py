@@ -20,10 +20,10 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.scripts import Scripts
-from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import Reconciler
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
+from seckill.services.reconcile.drift import Drift
+from seckill.services.reconcile.reconciler import Reconciler
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order
 from tests.conftest import new_item, pay, redis7_binary

@@ -33,10 +33,10 @@ from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.queues import Queues
-from seckill.reconcile.records import audit_records
 from seckill.services.archive import Archivist, Settlement
 from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
 from seckill.services.items import create_item as create_item_service
+from seckill.services.reconcile.records import audit_records
 from seckill.services.waiting_room import queue_report
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])

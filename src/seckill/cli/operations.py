@@ -207,7 +207,7 @@ def reconcile(
     Exit code 1 if drift is found (with --repair: if any is left after repairing), 0 otherwise.
     """
     from seckill.cli.output import print_report, report_json
-    from seckill.reconcile.reconciler import ItemReport, Reconciler
+    from seckill.services.reconcile.reconciler import ItemReport, Reconciler
 
     async def work(runtime: Runtime) -> list[ItemReport]:
         grace_ms = int(runtime.settings.reconcile_grace_seconds * 1000)
@@ -233,7 +233,7 @@ def recover(item_id: int = typer.Argument(..., help="The item to rebuild in Redi
     deadlines, buyers' units. What Redis still has beyond SQL is kept; the sale goes on with no
     unit sold twice.
     """
-    from seckill.reconcile.recovery import recover_item
+    from seckill.services.reconcile.recovery import recover_item
 
     done = with_runtime(lambda rt: recover_item(rt.engine, rt.ledger, item_id))
     s = done.stock

@@ -20,10 +20,10 @@ from seckill.domain.outcomes import ErrorCode
 if TYPE_CHECKING:
     from seckill.domain.dead_letters import DeadLetter
     from seckill.domain.items import ItemRecord, Stock
-    from seckill.reconcile.reconciler import ItemReport
     from seckill.services.archive import Archiving, Settlement
     from seckill.services.dead_letters import Settled
     from seckill.services.items import WarmedItem
+    from seckill.services.reconcile.reconciler import ItemReport
     from seckill.store.records import RefundRecord
 
 

@@ -34,9 +34,9 @@ from seckill.engine.engine import RedisEngine, ShardRemains
 from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
 from seckill.engine.streams import GROUP, read_progress
-from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import NEVER_OVERDUE_MS, Reconciler
 from seckill.services.items import UnknownItem
+from seckill.services.reconcile.drift import Drift
+from seckill.services.reconcile.reconciler import NEVER_OVERDUE_MS, Reconciler
 from seckill.store.ledger import Ledger
 from seckill.store.records import PaymentRecord
 

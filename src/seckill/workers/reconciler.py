@@ -1,7 +1,7 @@
 """The reconciler worker: compares every item's Redis and SQL records each interval, logs the
-drift it finds and, when asked to, repairs it (see ``seckill.reconcile``); and, far more often,
-checks the items whose Redis restarted or lost writes (fenced: they sell nothing) against SQL,
-rebuilding what was lost, so that they sell again within a moment.
+drift it finds and, when asked to, repairs it (see ``seckill.services.reconcile``); and, far
+more often, checks the items whose Redis restarted or lost writes (fenced: they sell nothing)
+against SQL, rebuilding what was lost, so that they sell again within a moment.
 
 One pass at a time across all replicas: an upkeep lock in Redis (a ``Lease``, see
 ``seckill.engine.leases``) picks the replica that works; the others skip their pass. A holder
@@ -19,8 +19,8 @@ from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
 from seckill.engine.scripts import Scripts
 from seckill.observability import metrics
-from seckill.reconcile.drift import Drift
-from seckill.reconcile.reconciler import ItemReport, Reconciler
+from seckill.services.reconcile.drift import Drift
+from seckill.services.reconcile.reconciler import ItemReport, Reconciler
 
 log = logging.getLogger(__name__)
 

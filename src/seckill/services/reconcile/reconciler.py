@@ -44,7 +44,8 @@ from seckill.domain.orders import moves_order
 from seckill.domain.outcomes import InvalidRequest
 from seckill.engine.audit import redis_accounts
 from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
-from seckill.reconcile.drift import (
+from seckill.services.items import warm_item
+from seckill.services.reconcile.drift import (
     REDIS_LOST,
     Drift,
     Finding,
@@ -56,8 +57,7 @@ from seckill.reconcile.drift import (
     sql_accounts,
     sql_findings,
 )
-from seckill.reconcile.recovery import recover_item
-from seckill.services.items import warm_item
+from seckill.services.reconcile.recovery import recover_item
 from seckill.store.ledger import Ledger
 from seckill.store.records import ItemBook, RepairRecord
 

@@ -19,8 +19,8 @@ from seckill.engine.audit import (
     money_check,
 )
 from seckill.engine.engine import RedisEngine
-from seckill.reconcile.drift import Drift, sql_accounts
-from seckill.reconcile.reconciler import NEVER_OVERDUE_MS, Comparison, Reconciler
+from seckill.services.reconcile.drift import Drift, sql_accounts
+from seckill.services.reconcile.reconciler import NEVER_OVERDUE_MS, Comparison, Reconciler
 from seckill.store.ledger import Ledger
 
 REFUND_DRIFT = frozenset({Drift.REFUND_MISSING_IN_SQL, Drift.REFUND_MISSING_IN_REDIS})
