@@ -14,6 +14,7 @@ from the moment the request arrives until its answer has been sent.
 from __future__ import annotations
 
 from seckill.api.responses import Header, error_body
+from seckill.domain.outcomes import ApiRefusal
 
 RETRY_AFTER: Header = (b"retry-after", b"1")
 """Sent with every shed request: come back in a second."""
@@ -28,7 +29,8 @@ class Admission:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.refusal = error_body(
-            "overloaded", f"more than {max_in_flight} purchases in flight here: retry shortly"
+            ApiRefusal.OVERLOADED,
+            f"more than {max_in_flight} purchases in flight here: retry shortly",
         )
 
     def try_enter(self) -> bool:

@@ -9,6 +9,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from seckill.api.context import Context, context
 from seckill.api.errors import ApiError
+from seckill.domain.outcomes import ApiRefusal
 from seckill.security.tokens import Identity, InvalidToken, Role, TokenCodec
 
 # auto_error off: a missing token gets our error body (401), not the framework's.
@@ -29,7 +30,7 @@ def authorize(tokens: TokenCodec, token: str | None, role: Role) -> Identity:
         raise InvalidToken("a bearer token is required")
     identity = tokens.verify(token)
     if identity.role is not role:
-        raise ApiError(403, "forbidden", f"this route is for {role.value}s")
+        raise ApiError(403, ApiRefusal.FORBIDDEN, f"this route is for {role.value}s")
     return identity
 
 

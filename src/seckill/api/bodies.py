@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from seckill.api.errors import ApiError, validation_message
+from seckill.domain.outcomes import ApiRefusal
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -42,14 +43,14 @@ def parse_body(model: type[Model], body: bytes) -> Model:
     try:
         value = json.loads(body, object_pairs_hook=_once_each)
     except _KeyTwice as twice:
-        raise ApiError(422, "invalid_request", f"body.{twice.key}: given twice") from None
+        raise ApiError(422, ApiRefusal.INVALID_REQUEST, f"body.{twice.key}: given twice") from None
     except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
-        raise ApiError(422, "invalid_request", "body: not valid JSON") from None
+        raise ApiError(422, ApiRefusal.INVALID_REQUEST, "body: not valid JSON") from None
     try:
         return model.model_validate(value)
     except ValidationError as exc:
         located = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-        raise ApiError(422, "invalid_request", validation_message(located)) from None
+        raise ApiError(422, ApiRefusal.INVALID_REQUEST, validation_message(located)) from None
 
 
 def strict_body(model: type[Model]) -> Any:

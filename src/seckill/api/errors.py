@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from seckill.api.responses import BodyTooLarge
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import WorkerIdLost
-from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.domain.outcomes import ApiRefusal, ErrorCode, InvalidRequest, Outcome
 from seckill.engine.cluster import SLOT_UNAVAILABLE
 from seckill.engine.scripts import NotDurable
 from seckill.security.passes import BadPass
@@ -107,9 +107,11 @@ def _render(status: int, code: str, message: str, headers: dict[str, str] | None
 
 
 def _status_name(status: int) -> str:
-    return {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
-        status, f"http_{status}"
-    )
+    return {
+        404: ApiRefusal.NOT_FOUND,
+        405: ApiRefusal.METHOD_NOT_ALLOWED,
+        413: ApiRefusal.BODY_TOO_LARGE,
+    }.get(status, f"http_{status}")
 
 
 def answer_for(exc: Exception) -> ApiError | None:
@@ -127,39 +129,41 @@ def answer_for(exc: Exception) -> ApiError | None:
         case ItemRecovering():
             return refusal(Outcome.ITEM_RECOVERING)
         case RefundNotFound():
-            return ApiError(404, "unknown_refund", str(exc))
+            return ApiError(404, ApiRefusal.UNKNOWN_REFUND, str(exc))
         case RequestInFlight():
-            return ApiError(409, "request_in_flight", str(exc), {"Retry-After": "1"})
+            return ApiError(409, ApiRefusal.REQUEST_IN_FLIGHT, str(exc), {"Retry-After": "1"})
         case InvalidToken():
-            return ApiError(401, "invalid_token", str(exc), {"WWW-Authenticate": "Bearer"})
+            return ApiError(401, ApiRefusal.INVALID_TOKEN, str(exc), {"WWW-Authenticate": "Bearer"})
         case BadSignature():
-            return ApiError(401, "invalid_signature", str(exc))
+            return ApiError(401, ApiRefusal.INVALID_SIGNATURE, str(exc))
         case BadTicket():
-            return ApiError(403, "invalid_ticket", str(exc))
+            return ApiError(403, ApiRefusal.INVALID_TICKET, str(exc))
         case BadPass():
-            return ApiError(403, "invalid_pass", str(exc))
+            return ApiError(403, ApiRefusal.INVALID_PASS, str(exc))
         case SaleClosed():
             return ApiError(403, exc.outcome.value, str(exc))
         case GateRefused():
             retry = {"Retry-After": str(exc.decision.retry_after_seconds)}
-            return ApiError(429, "gate_refused", str(exc), retry)
+            return ApiError(429, ApiRefusal.GATE_REFUSED, str(exc), retry)
         # Outages: the request was not accepted; the client may retry (with the same key).
         case RedisConnectionError() | RedisTimeoutError():
-            return ApiError(503, "redis_unavailable", "Redis is unreachable", {"Retry-After": "1"})
+            return ApiError(
+                503, ApiRefusal.REDIS_UNAVAILABLE, "Redis is unreachable", {"Retry-After": "1"}
+            )
         case _ if isinstance(exc, SLOT_UNAVAILABLE):
             message = "this item's Redis Cluster slot is unavailable or moving"
-            return ApiError(503, "redis_unavailable", message, {"Retry-After": "1"})
+            return ApiError(503, ApiRefusal.REDIS_UNAVAILABLE, message, {"Retry-After": "1"})
         # Written on the primary but not yet on enough replicas: not a yes. A retry with the same
         # key replays the same answer, checked again.
         case NotDurable():
-            return ApiError(503, "not_durable", str(exc), {"Retry-After": "1"})
+            return ApiError(503, ApiRefusal.NOT_DURABLE, str(exc), {"Retry-After": "1"})
         case WorkerIdLost():
-            return ApiError(503, "redis_unavailable", str(exc), {"Retry-After": "1"})
+            return ApiError(503, ApiRefusal.REDIS_UNAVAILABLE, str(exc), {"Retry-After": "1"})
         case SQLAlchemyError() | OSError() if is_transient(exc):
-            return ApiError(503, "database_unavailable", "the database is unreachable",
+            return ApiError(503, ApiRefusal.DATABASE_UNAVAILABLE, "the database is unreachable",
                             {"Retry-After": "5"})  # fmt: skip
         case SQLAlchemyError() | OSError():
-            return ApiError(500, "internal_error", "the database refused the request")
+            return ApiError(500, ApiRefusal.INTERNAL_ERROR, "the database refused the request")
     return None
 
 
@@ -185,7 +189,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation(_: Request, exc: RequestValidationError) -> Any:
-        return _render(422, "invalid_request", validation_message(exc.errors()))
+        return _render(422, ApiRefusal.INVALID_REQUEST, validation_message(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Any:
@@ -193,9 +197,9 @@ def install_error_handlers(app: FastAPI) -> None:
         # over the limit is 413, as when Content-Length told us; one json.loads cannot decode
         # (not UTF-8, nested too deep) is malformed JSON like any other: 422.
         if isinstance(exc.__cause__, BodyTooLarge):
-            return _render(413, "body_too_large", str(exc.__cause__))
+            return _render(413, ApiRefusal.BODY_TOO_LARGE, str(exc.__cause__))
         if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
-            return _render(422, "invalid_request", "body: not valid JSON")
+            return _render(422, ApiRefusal.INVALID_REQUEST, "body: not valid JSON")
         return _render(exc.status_code, _status_name(exc.status_code), str(exc.detail))
 
 

@@ -58,6 +58,7 @@ from seckill.api.responses import (
 from seckill.api.schemas import BuyIn, ReservationOut
 from seckill.api.tickets import ticket_out
 from seckill.domain.orders import OrderStatus
+from seckill.domain.outcomes import ApiRefusal
 from seckill.domain.rules import MAX_ID
 from seckill.domain.times import ms_to_datetime
 from seckill.observability import metrics
@@ -129,8 +130,10 @@ class LeanRoutes:
         self.context: Context | None = None
         self.admission = Admission(max_in_flight)
         self.body_limit = BodyLimit(max_body_bytes)
-        self._too_large = Answer(413, self.body_limit.refusal, "body_too_large", [CONNECTION_CLOSE])
-        self._shed = Answer(503, self.admission.refusal, "overloaded", [RETRY_AFTER])
+        self._too_large = Answer(
+            413, self.body_limit.refusal, ApiRefusal.BODY_TOO_LARGE, [CONNECTION_CLOSE]
+        )
+        self._shed = Answer(503, self.admission.refusal, ApiRefusal.OVERLOADED, [RETRY_AFTER])
         self._routes = [
             LeanRoute("POST", PURCHASE_ROUTE, buy, admitted=True, takes_body=True),
             LeanRoute("POST", TICKET_ROUTE, issue_ticket),
@@ -226,7 +229,9 @@ async def queue_standing(ctx: Context, request: Request) -> Answer:
 
 def _waiting_room(ctx: Context) -> WaitingRoom:
     if ctx.waiting_room is None:
-        raise ApiError(404, "no_waiting_room", "this server runs no waiting room: take a ticket")
+        raise ApiError(
+            404, ApiRefusal.NO_WAITING_ROOM, "this server runs no waiting room: take a ticket"
+        )
     return ctx.waiting_room
 
 
@@ -261,7 +266,7 @@ async def buy(ctx: Context, request: Request) -> Answer:
 def idempotency_key(header: str | None) -> str:
     """The key of an ``Idempotency-Key`` header; 400 ``idempotency_key_required`` without one."""
     if header is None:
-        raise ApiError(400, "idempotency_key_required", "send an Idempotency-Key header")
+        raise ApiError(400, ApiRefusal.IDEMPOTENCY_KEY_REQUIRED, "send an Idempotency-Key header")
     # The draft's value is a structured-field string ("..."); a bare token is accepted too.
     key = header.strip()
     if len(key) >= 2 and key[0] == key[-1] == '"':
@@ -278,7 +283,9 @@ def _answer_to(exc: Exception, route: LeanRoute) -> Answer:
     problem = answer_for(exc)
     if problem is None:
         log.exception("%s %s failed", route.method, route.template)
-        problem = ApiError(500, "internal_error", "the request failed: see the server's log")
+        problem = ApiError(
+            500, ApiRefusal.INTERNAL_ERROR, "the request failed: see the server's log"
+        )
     return Answer.error(problem)
 
 
@@ -292,7 +299,7 @@ def _item_id(pattern: re.Pattern[str], path: str) -> int:
     text = match.group(1) if match else ""
     if _ITEM_ID.fullmatch(text) and 1 <= int(text) <= MAX_ID:
         return int(text)
-    raise ApiError(422, "invalid_request", f"path.item_id: an integer from 1 to {MAX_ID}")
+    raise ApiError(422, ApiRefusal.INVALID_REQUEST, f"path.item_id: an integer from 1 to {MAX_ID}")
 
 
 def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:
@@ -300,7 +307,7 @@ def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:
     if not body:
         return _NO_BODY
     if content_type is not None and not _is_json(content_type):
-        raise ApiError(422, "invalid_request", "body: send it as application/json")
+        raise ApiError(422, ApiRefusal.INVALID_REQUEST, "body: send it as application/json")
     return parse_body(BuyIn, body)
 
 

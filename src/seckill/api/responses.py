@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from starlette.types import Receive, Send
 
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
+from seckill.domain.outcomes import ApiRefusal
 
 Header = tuple[bytes, bytes]
 CONTENT_TYPE: Header = (b"content-type", b"application/json")
@@ -66,7 +67,7 @@ class BodyLimit:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.message = f"request bodies are limited to {max_bytes} bytes"
-        self.refusal = error_body("body_too_large", self.message)  # encoded once
+        self.refusal = error_body(ApiRefusal.BODY_TOO_LARGE, self.message)  # encoded once
 
     def refuses_length(self, content_length: bytes | None) -> bool:
         """Whether a ``Content-Length`` value (``None`` if absent) is refused as it stands."""

@@ -92,6 +92,32 @@ class ErrorCode(StrEnum):
     ITEM_UNSETTLED = "item_unsettled"
 
 
+class ApiRefusal(StrEnum):
+    """The API's own refusal codes, beside the engine's (``Outcome``, ``ErrorCode``): a request
+    it could not read, credentials it refused, an outage. Listed once; ``api/errors.py`` gives
+    each its status."""
+
+    INVALID_REQUEST = "invalid_request"
+    BODY_TOO_LARGE = "body_too_large"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    IDEMPOTENCY_KEY_REQUIRED = "idempotency_key_required"
+    NO_WAITING_ROOM = "no_waiting_room"
+    UNKNOWN_REFUND = "unknown_refund"
+    REQUEST_IN_FLIGHT = "request_in_flight"
+    INVALID_TOKEN = "invalid_token"
+    FORBIDDEN = "forbidden"
+    INVALID_SIGNATURE = "invalid_signature"
+    INVALID_TICKET = "invalid_ticket"
+    INVALID_PASS = "invalid_pass"
+    GATE_REFUSED = "gate_refused"
+    OVERLOADED = "overloaded"
+    REDIS_UNAVAILABLE = "redis_unavailable"
+    NOT_DURABLE = "not_durable"
+    DATABASE_UNAVAILABLE = "database_unavailable"
+    INTERNAL_ERROR = "internal_error"
+
+
 class InvalidRequest(ValueError):
     """Bad input, refused before any write (by Python first, by the script as a last guard)."""
 
