@@ -57,7 +57,7 @@ PYTHON_ITEM = 1
 BENCHMARK_ITEM = 2  # a second item, so the two kinds of run never share a key
 TOTAL = 10**9  # never sells out: every request takes the full reservation path
 IDEMPOTENCY_TTL_MS = 3_600_000
-# The commit before the reserve script was reworked for speed (see README, Benchmarks).
+# The commit before the reserve script was reworked for speed (see docs/benchmarks.md).
 BEFORE = "c3fbf8e"
 # redis-benchmark replaces each occurrence of RAND with its own 12-digit zero-padded number
 # drawn from random(), so a range above 2**31 - 1 adds nothing.

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
     )
     key_prefix: str = Field("seckill", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
 
-    # When an engine write counts as done (see the README's "Durability").
+    # When an engine write counts as done (see docs/operations/durability.md).
     redis_durability: Literal["fast", "replicas"] = Field(
         "fast",
         description="fast: answer once the primary ran the write. replicas: answer once "
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     api_port: int = Field(8000, ge=0, le=65535)
     api_server: Literal["granian", "uvicorn"] = Field(
         "granian",
-        description="What serves `seckill api` (the README's 'Benchmarks' has the figures "
+        description="What serves `seckill api` (docs/benchmarks.md has the figures "
         "that made granian the default); `seckill serve` is always uvicorn, in its own loop.",
     )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
@@ -105,7 +105,7 @@ class Settings(BaseSettings):
         300, ge=1, description="Callbacks signed further from now are refused."
     )
 
-    # Protecting the hot path (see the README's "Under a stampede").
+    # Protecting the hot path (see docs/architecture.md, "Under a stampede").
     ticket_secret: str = Field("", description="HMAC key for purchase tickets. Empty: generated.")
     ticket_ttl_seconds: int = Field(30, ge=1, description="How long a purchase ticket is valid.")
     ticket_lead_seconds: int = Field(
@@ -126,7 +126,7 @@ class Settings(BaseSettings):
     item_cache_jitter_seconds: int = Field(15, ge=0)
     item_absent_seconds: int = Field(5, ge=1, description="How long an unknown id is cached.")
 
-    # The waiting room (see the README's "Waiting room").
+    # The waiting room (see docs/operations/waiting-room.md).
     waiting_room: bool = Field(
         False,
         description="Buyers join an item's queue first: a ticket is given only to those whose "
@@ -162,7 +162,7 @@ class Settings(BaseSettings):
         description="How long an API process answers polls from one reading of a queue's front.",
     )
 
-    # The bridge to a broker (see the README's "Order events to other systems").
+    # The bridge to a broker (see docs/operations/bridge.md).
     bridge_url: str = Field(
         "",
         description="A broker to forward order events to: amqp://user:pass@host:5672/ "

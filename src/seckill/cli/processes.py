@@ -60,7 +60,7 @@ _SERVER = typer.Option(
     None,
     "--server",
     help=f"What serves the API ({setting_default('api_server')}: the faster floor in "
-    "benchmarks/http.py; figures in the README's Benchmarks).",
+    "benchmarks/http.py; figures in docs/benchmarks.md).",
 )
 
 

@@ -3,7 +3,7 @@
 A buyer always buys on one shard, their *home* (a hash of the buyer id): the per-buyer limit,
 the idempotency keys, the rate window and every order of that buyer live there, so each purchase
 is still decided by one script on one slot. Stock is what moves: a home shard that runs dry takes
-units from another shard by a transfer (see ``engine.engine`` and docs/stock-shards.md).
+units from another shard by a transfer (see ``engine.engine`` and docs/operations/stock-shards.md).
 """
 
 from __future__ import annotations

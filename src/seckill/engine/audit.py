@@ -1,4 +1,4 @@
-"""The invariants (README "Invariants"), checked against one item's Redis state.
+"""The invariants (docs/architecture.md, "Invariants"), checked against one item's Redis state.
 
 One place for these rules: the demo's verdict, the tests and the reconciler all ask here. The
 state is one atomic snapshot, so a running sale is audited as exactly as a quiet one.
