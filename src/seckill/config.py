@@ -38,7 +38,12 @@ class Settings(BaseSettings):
         description="One Redis: the pool's size (a burst beyond it waits). A cluster: "
         "unbounded per node (redis-py's cluster client cannot wait).",
     )
-    key_prefix: str = Field("seckill", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    key_prefix: str = Field(
+        "seckill",
+        pattern=r"^[A-Za-z0-9_.-]{1,32}$",
+        description="The first part of every Redis key: deployments sharing one Redis (or one "
+        "broker) each need their own.",
+    )
 
     # When an engine write counts as done (see docs/operations/durability.md).
     redis_durability: Literal["fast", "replicas"] = Field(
@@ -61,22 +66,30 @@ class Settings(BaseSettings):
         le=MAX_STOCK_SHARDS,
         description="Default number of Redis slots a new item's stock is split over.",
     )
-    idempotency_ttl_seconds: int = Field(86_400, ge=1)
+    idempotency_ttl_seconds: int = Field(
+        86_400, ge=1, description="How long a reservation's idempotency key is remembered."
+    )
 
     worker_id: int | None = Field(
         None, ge=0, le=1023, description="Fixed order-id worker id. Unset: lease one from Redis."
     )
-    worker_id_lease_seconds: int = Field(30, ge=3)
+    worker_id_lease_seconds: int = Field(
+        30, ge=3, description="How long a leased worker id stays taken without a renewal."
+    )
 
     # The API and its credentials. Empty secrets are generated once into the data directory,
     # so `seckill serve` and `seckill token` agree on a fresh machine; set them in production.
     log_format: Literal["text", "json"] = Field(
         "text", description="Log lines as text, or one JSON object per line (with request ids)."
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="The least severe log lines written."
+    )
 
     api_host: str = Field("127.0.0.1", description="Where `seckill serve` / `seckill api` listen.")
-    api_port: int = Field(8000, ge=0, le=65535)
+    api_port: int = Field(
+        8000, ge=0, le=65535, description="Their port (0: one picked, and printed)."
+    )
     api_server: Literal["granian", "uvicorn"] = Field(
         "granian",
         description="What serves `seckill api` (docs/benchmarks.md has the figures "
@@ -92,11 +105,15 @@ class Settings(BaseSettings):
     jwt_algorithm: Literal["HS256", "RS256"] = Field(
         "HS256", description="The one algorithm tokens may use (pinned; no other is accepted)."
     )
-    jwt_secret: str = Field("", description="HS256 key. Empty: generated into the data dir.")
+    jwt_secret: str = Field(
+        "", description="HS256 key, at least 32 bytes. Empty: generated into the data dir."
+    )
     jwt_private_key_file: Path | None = Field(None, description="RS256: PEM key to mint tokens.")
     jwt_public_key_file: Path | None = Field(None, description="RS256: PEM key to check tokens.")
-    jwt_issuer: str = Field("seckill", min_length=1)
-    jwt_audience: str = Field("seckill-api", min_length=1)
+    jwt_issuer: str = Field("seckill", min_length=1, description="The `iss` every token must have.")
+    jwt_audience: str = Field(
+        "seckill-api", min_length=1, description="The `aud` every token must have."
+    )
     token_ttl_seconds: int = Field(3_600, ge=1, description="Lifetime of `seckill token` tokens.")
     payment_secret: str = Field(
         "", description="HMAC key shared with the payment provider. Empty: generated."
@@ -114,7 +131,7 @@ class Settings(BaseSettings):
     rate_limit_requests: int = Field(
         5, ge=1, description="Purchase attempts one buyer may make per item per window."
     )
-    rate_limit_window_seconds: int = Field(1, ge=1)
+    rate_limit_window_seconds: int = Field(1, ge=1, description="The rate limit's window.")
     admission_max_in_flight: int = Field(
         512, ge=1, description="Purchases one process decides at once; more get 503."
     )
@@ -123,7 +140,9 @@ class Settings(BaseSettings):
     )
     item_cache_local_seconds: float = Field(1.0, gt=0, description="In-process item cache TTL.")
     item_cache_redis_seconds: int = Field(60, ge=1, description="Redis item cache TTL (+ jitter).")
-    item_cache_jitter_seconds: int = Field(15, ge=0)
+    item_cache_jitter_seconds: int = Field(
+        15, ge=0, description="Up to this much is added at random to each Redis item card's TTL."
+    )
     item_absent_seconds: int = Field(5, ge=1, description="How long an unknown id is cached.")
 
     # The waiting room (see docs/operations/waiting-room.md).
@@ -217,3 +236,31 @@ class Settings(BaseSettings):
     def effective_database_url(self) -> str:
         """The configured database, or the embedded SQLite file in the data directory."""
         return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'seckill.db'}"
+
+
+REFERENCE_INTRO = """\
+# Configuration
+
+One typed `Settings` (`seckill/config.py`), read from `SECKILL_*` environment variables or a
+`.env` file. This page is generated from it (`seckill config docs`); a test fails when it is
+stale. What the durability settings trade: [durability](durability.md); the cluster:
+[Redis Cluster](redis-cluster.md); the waiting room: [waiting room](waiting-room.md); the
+bridge: [order events to brokers](bridge.md).
+"""
+
+
+def settings_reference() -> str:
+    """Every setting as a Markdown table (variable, default, meaning), after an introduction:
+    the configuration page of the docs, from the one place each setting is described."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        shown = (
+            "unset" if default is None
+            else "empty" if default == ""
+            else f"`{str(default).lower()}`" if isinstance(default, bool)
+            else f"`{default}`"
+        )  # fmt: skip
+        meaning = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `SECKILL_{name.upper()}` | {shown} | {meaning} |")
+    return REFERENCE_INTRO + "\n" + "\n".join(rows) + "\n"

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from seckill.config import Settings, settings_reference
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
@@ -38,3 +40,17 @@ def test_every_page_of_docs_is_linked_from_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
     unlinked = [p for p in PAGES[1:] if f"({p.relative_to(ROOT)}" not in readme]
     assert not unlinked, unlinked
+
+
+def test_the_configuration_page_is_what_the_settings_say() -> None:
+    page = ROOT / "docs" / "operations" / "configuration.md"
+    assert page.read_text() == settings_reference(), (
+        "docs/operations/configuration.md is stale: run "
+        "`seckill config docs > docs/operations/configuration.md`"
+    )
+
+
+def test_the_configuration_page_names_every_setting_once() -> None:
+    page = settings_reference()
+    for name in Settings.model_fields:
+        assert page.count(f"`SECKILL_{name.upper()}`") == 1, name

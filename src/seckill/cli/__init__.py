@@ -30,6 +30,7 @@ def version() -> None:
 app.add_typer(processes.commands)
 app.add_typer(processes.worker_commands, name="worker")
 app.add_typer(operations.commands)
+app.add_typer(operations.config_commands, name="config")
 app.add_typer(operations.db_commands, name="db")
 app.add_typer(operations.item_commands, name="item")
 app.add_typer(operations.dead_letter_commands, name="dead-letters")

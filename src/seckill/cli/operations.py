@@ -28,6 +28,7 @@ dead_letter_commands = typer.Typer(
 refund_commands = typer.Typer(
     help="Refunds owed: successful charges that paid nothing.", no_args_is_help=True
 )
+config_commands = typer.Typer(help="The settings.", no_args_is_help=True)
 
 
 def item_cache(runtime: Runtime) -> ItemCache:
@@ -62,6 +63,15 @@ def token(
     except (ValueError, InvalidRequest) as exc:
         abort(exc)
     print(minted)
+
+
+@config_commands.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference (docs/operations/configuration.md): every setting,
+    its variable, default and meaning."""
+    from seckill.config import settings_reference
+
+    typer.echo(settings_reference(), nl=False)
 
 
 @db_commands.command("upgrade")
