@@ -19,6 +19,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The suite's system packages (Redis 7, Chromium): installed as root, else the command to run.
 system-deps:
