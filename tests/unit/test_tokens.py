@@ -1,13 +1,12 @@
+"""Bearer tokens (``seckill.security.tokens``): what passes, what is refused, how codecs are
+built from the settings."""
+
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
 import json
-import multiprocessing
-import os
-import stat
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seckill.config import Settings
 from seckill.security import tokens
-from seckill.security.generated import generated_secret
-from seckill.security.signatures import (
-    SIGNATURE_HEADER,
-    BadSignature,
-    payment_secret,
-    sign,
-    verify_signature,
-)
 from seckill.security.tokens import (
     LEEWAY_SECONDS,
     Identity,
@@ -36,6 +26,7 @@ from seckill.security.tokens import (
     TokenCodec,
     token_codec,
 )
+from tests.unit.isolated_settings import isolated_settings
 
 NOW = 1_700_000_000
 SECRET = "s" * 32
@@ -361,28 +352,18 @@ def test_unusable_keys_are_refused_at_construction(
         small.codec()
 
 
-def _settings(tmp_path: Path, **overrides: Any) -> Settings:
-    # Explicit values win over SECKILL_* variables a developer may have exported.
-    defaults: dict[str, Any] = {
-        "data_dir": tmp_path,
-        "jwt_algorithm": "HS256",
-        "jwt_secret": "",
-        "jwt_private_key_file": None,
-        "jwt_public_key_file": None,
-        "payment_secret": "",
-    }
-    return Settings(**(defaults | overrides))
-
-
 def test_token_codecs_built_twice_agree_on_the_generated_secret(tmp_path: Path) -> None:
-    first, second = token_codec(_settings(tmp_path)), token_codec(_settings(tmp_path))
+    first, second = (
+        token_codec(isolated_settings(tmp_path)),
+        token_codec(isolated_settings(tmp_path)),
+    )
     assert second.verify(first.mint("alice", Role.BUYER, ttl_seconds=60)).subject == "alice"
     assert first.verify(second.mint("bob", Role.ADMIN, ttl_seconds=60)).role is Role.ADMIN
     assert (tmp_path / "secrets" / "jwt").is_file()
 
 
 def test_token_codec_uses_the_configured_secret(tmp_path: Path) -> None:
-    token = token_codec(_settings(tmp_path, jwt_secret=SECRET)).mint(
+    token = token_codec(isolated_settings(tmp_path, jwt_secret=SECRET)).mint(
         "alice", Role.BUYER, ttl_seconds=60, now=NOW
     )
     assert _hs256().verify(token, now=NOW).subject == "alice"
@@ -394,218 +375,21 @@ def test_token_codec_for_rs256_reads_the_key_files(tmp_path: Path, rsa_pair: Rsa
     public.write_bytes(rsa_pair.public_pem)
     private.write_bytes(rsa_pair.private_pem)
     minter = token_codec(
-        _settings(
+        isolated_settings(
             tmp_path,
             jwt_algorithm="RS256",
             jwt_private_key_file=private,
             jwt_public_key_file=public,
         )
     )
-    checker = token_codec(_settings(tmp_path, jwt_algorithm="RS256", jwt_public_key_file=public))
+    checker = token_codec(
+        isolated_settings(tmp_path, jwt_algorithm="RS256", jwt_public_key_file=public)
+    )
     token = minter.mint("alice", Role.BUYER, ttl_seconds=60)
     assert checker.verify(token) == Identity("alice", Role.BUYER)
     with pytest.raises(ValueError, match="SECKILL_JWT_PRIVATE_KEY_FILE"):
         checker.mint("alice", Role.BUYER, ttl_seconds=60)
     with pytest.raises(ValueError, match="SECKILL_JWT_PUBLIC_KEY_FILE"):
-        token_codec(_settings(tmp_path, jwt_algorithm="RS256", jwt_private_key_file=private))
-
-
-# --- payment callback signatures -------------------------------------------------------------
-
-BODY = b'{"order_id": 42, "status": "paid"}'
-PAY_SECRET = b"whsec-test"
-
-
-def _verify(header: str | None, *, body: bytes = BODY, now: float = NOW) -> int:
-    return verify_signature(PAY_SECRET, body, header, now=now, tolerance_seconds=300)
-
-
-def test_signature_round_trip() -> None:
-    header = sign(PAY_SECRET, BODY, timestamp=NOW)
-    assert header.startswith(f"t={NOW},v1=")
-    assert _verify(header) == NOW
-    assert SIGNATURE_HEADER == "Seckill-Signature"
-
-
-def test_signature_is_hmac_sha256_over_timestamp_dot_body() -> None:
-    # Written out independently: this is the contract the payment provider implements.
-    digest = hmac.new(PAY_SECRET, f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
-    assert sign(PAY_SECRET.decode(), BODY, timestamp=NOW) == f"t={NOW},v1={digest}"
-
-
-def test_any_of_several_digests_may_match() -> None:
-    old = sign(b"old-secret", BODY, timestamp=NOW).split(",")[1]
-    new = sign(PAY_SECRET, BODY, timestamp=NOW).split(",")[1]
-    assert _verify(f"t={NOW},{old},{new}") == NOW
-    assert _verify(f"t={NOW}, {new.upper().replace('V1=', 'v1=')} ,{old}") == NOW
-    assert _verify(f"v0=legacy,t={NOW},{new}") == NOW
-
-
-def test_body_changed_by_one_byte_is_refused() -> None:
-    header = sign(PAY_SECRET, BODY, timestamp=NOW)
-    tampered = BODY.replace(b"42", b"43")
-    assert len(tampered) == len(BODY)
-    with pytest.raises(BadSignature, match="signature does not match"):
-        _verify(header, body=tampered)
-
-
-def test_wrong_secret_is_refused() -> None:
-    with pytest.raises(BadSignature, match="signature does not match"):
-        _verify(sign(b"another-secret", BODY, timestamp=NOW))
-
-
-def test_timestamp_is_part_of_what_is_signed() -> None:
-    digest = sign(PAY_SECRET, BODY, timestamp=NOW).split(",v1=")[1]
-    with pytest.raises(BadSignature, match="signature does not match"):
-        _verify(f"t={NOW + 1},v1={digest}")
-
-
-@pytest.mark.parametrize("offset", [-301, 301, -(10**6), 10**6])
-def test_timestamp_outside_the_window_is_refused(offset: int) -> None:
-    header = sign(PAY_SECRET, BODY, timestamp=NOW + offset)
-    with pytest.raises(BadSignature, match="signature timestamp outside the 300 s window"):
-        _verify(header)
-
-
-@pytest.mark.parametrize("offset", [-300, 300])
-def test_timestamp_at_the_window_edge_passes(offset: int) -> None:
-    assert _verify(sign(PAY_SECRET, BODY, timestamp=NOW + offset)) == NOW + offset
-
-
-@pytest.mark.parametrize("header", [None, ""])
-def test_missing_signature_is_refused(header: str | None) -> None:
-    with pytest.raises(BadSignature, match="missing signature"):
-        _verify(header)
-
-
-GOOD_DIGEST = sign(PAY_SECRET, BODY, timestamp=NOW).split(",v1=")[1]
-
-
-@pytest.mark.parametrize(
-    "header",
-    [
-        f"v1={GOOD_DIGEST}",  # no t=
-        f"t={NOW}",  # no v1=
-        f"t=soon,v1={GOOD_DIGEST}",
-        f"t=-{NOW},v1={GOOD_DIGEST}",
-        f"t=1e9,v1={GOOD_DIGEST}",
-        f"t=²,v1={GOOD_DIGEST}",
-        f"t=,v1={GOOD_DIGEST}",
-        f"t={NOW},t={NOW},v1={GOOD_DIGEST}",
-        f"t={'9' * 5000},v1={GOOD_DIGEST}",
-        f"t={NOW},v1=",
-        f"t={NOW},v1=abc",
-        f"t={NOW},v1={'é' * 64}",  # compare_digest would raise TypeError on this
-        f"t={NOW},v1={GOOD_DIGEST},v1=zz",
-        f"t={NOW};v1={GOOD_DIGEST}",
-        "garbage",
-        ",",
-        " ",
-    ],
-)
-def test_malformed_header_is_refused(header: str) -> None:
-    with pytest.raises(BadSignature, match="malformed signature header"):
-        _verify(header)
-
-
-_header_parts = st.tuples(
-    st.sampled_from(["t", "v1", "v0", "", " t", "T"]),
-    st.sampled_from(["=", "", "=="]),
-    st.text() | st.integers().map(str) | st.just(GOOD_DIGEST),
-).map("".join)
-
-
-@given(header=st.text() | st.lists(_header_parts, max_size=5).map(",".join))
-def test_verify_signature_returns_or_raises_bad_signature(header: str) -> None:
-    try:
-        timestamp = _verify(header)
-    except BadSignature:
-        return
-    assert timestamp == NOW  # only a genuine signature gets through
-
-
-def test_empty_secret_is_refused() -> None:
-    with pytest.raises(ValueError, match="empty"):
-        sign(b"", BODY, timestamp=NOW)
-    with pytest.raises(ValueError, match="empty"):
-        verify_signature("", BODY, "t=1,v1=00", now=NOW, tolerance_seconds=300)
-
-
-def test_payment_secret_is_configured_or_generated_once(tmp_path: Path) -> None:
-    assert payment_secret(_settings(tmp_path, payment_secret="configured")) == b"configured"
-    generated = payment_secret(_settings(tmp_path))
-    assert generated == payment_secret(_settings(tmp_path))
-    assert generated == (tmp_path / "secrets" / "payment").read_text().strip().encode()
-    assert len(generated) >= 43  # 32 random bytes, base64
-
-
-# --- generated secrets -----------------------------------------------------------------------
-
-
-def test_generated_secret_is_stable_and_private(tmp_path: Path) -> None:
-    data_dir = tmp_path / "fresh" / "data"
-    first = generated_secret(data_dir, "jwt")
-    assert generated_secret(data_dir, "jwt") == first
-    assert generated_secret(data_dir, "payment") != first
-    path = data_dir / "secrets" / "jwt"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-    assert sorted(p.name for p in path.parent.iterdir()) == ["jwt", "payment"]
-
-
-def test_generated_secret_reads_an_existing_file_stripped(tmp_path: Path) -> None:
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "jwt").write_text("  hand-written secret\n")
-    assert generated_secret(tmp_path, "jwt") == "hand-written secret"
-
-
-def test_empty_secret_file_is_an_error(tmp_path: Path) -> None:
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "jwt").write_text(" \n")
-    with pytest.raises(ValueError, match="is empty"):
-        generated_secret(tmp_path, "jwt")
-
-
-@pytest.mark.parametrize("name", ["", "../jwt", "a/b", ".hidden", "JWT"])
-def test_secret_names_cannot_leave_the_directory(tmp_path: Path, name: str) -> None:
-    with pytest.raises(ValueError, match="secret name"):
-        generated_secret(tmp_path, name)
-
-
-def test_loser_of_the_creation_race_reads_the_winner(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Another process writes the file after our existence check and before our link.
-    real_link: Callable[..., None] = os.link
-
-    def link_after_a_rival(source: str, destination: Path) -> None:
-        Path(destination).write_text("the winner's secret\n")
-        real_link(source, destination)
-
-    monkeypatch.setattr(os, "link", link_after_a_rival)
-    assert generated_secret(tmp_path, "jwt") == "the winner's secret"
-    assert [p.name for p in (tmp_path / "secrets").iterdir()] == ["jwt"]  # no temp file left
-
-
-def _race(data_dir: Path, barrier: Any, results: Any) -> None:
-    barrier.wait()
-    results.put(generated_secret(data_dir, "jwt"))
-
-
-def test_processes_racing_on_a_fresh_directory_agree(tmp_path: Path) -> None:
-    context = multiprocessing.get_context("spawn")
-    racers = 6
-    barrier, results = context.Barrier(racers), context.Queue()
-    processes = [
-        context.Process(target=_race, args=(tmp_path / "data", barrier, results))
-        for _ in range(racers)
-    ]
-    for process in processes:
-        process.start()
-    values = [results.get(timeout=60) for _ in processes]
-    for process in processes:
-        process.join(timeout=60)
-        assert process.exitcode == 0
-    assert len(set(values)) == 1
-    assert values[0] == generated_secret(tmp_path / "data", "jwt")
-    assert [p.name for p in (tmp_path / "data" / "secrets").iterdir()] == ["jwt"]
+        token_codec(
+            isolated_settings(tmp_path, jwt_algorithm="RS256", jwt_private_key_file=private)
+        )
