@@ -12,6 +12,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from seckill.domain.rules import MAX_STOCK_SHARDS
+from seckill.engine.keys import DEFAULT_PREFIX
 
 
 class Settings(BaseSettings):
@@ -39,7 +40,7 @@ class Settings(BaseSettings):
         "unbounded per node (redis-py's cluster client cannot wait).",
     )
     key_prefix: str = Field(
-        "seckill",
+        DEFAULT_PREFIX,
         pattern=r"^[A-Za-z0-9_.-]{1,32}$",
         description="The first part of every Redis key: deployments sharing one Redis (or one "
         "broker) each need their own.",

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-DEFAULT_PREFIX = "seckill"
+DEFAULT_PREFIX = "seckill"  # SECKILL_KEY_PREFIX's default (config.Settings.key_prefix)
 
 
 @dataclass(frozen=True, slots=True)
