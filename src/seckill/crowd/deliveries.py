@@ -12,8 +12,8 @@ The verdict (:func:`judge_deliveries`), once the events SQL journaled have all a
 has passed: each order the crowd was answered 202 for has its ``reserved`` and its last event
 (paid, released, refund_required) delivered, as has every order event in SQL's journal; after
 dropping copies by message id, no event of an order came twice (under two ids); in each order
-the events arrived in their stream's order, ``reserved`` first; and no event names an order the
-crowd does not know.
+the events are in their stream's order in the broker's (NATS: the stream's sequence; RabbitMQ:
+the order of arrival), ``reserved`` first; and no event names an order the crowd does not know.
 """
 
 from __future__ import annotations
@@ -61,10 +61,13 @@ LAST_EVENT: Mapping[str, EventKind] = {
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One message as the consumer received it, in the order it did."""
+    """One message as the consumer received it. ``position``: its place in the broker's order
+    (NATS: the stream's sequence, so a message delivered again takes its own place; RabbitMQ:
+    the order of arrival)."""
 
     message_id: str
     body: OrderEventBody
+    position: int = 0
 
 
 def ours(delivery: Delivery, *, item_id: int, since_ms: int, prefix: str = DEFAULT_PREFIX) -> bool:
@@ -123,7 +126,7 @@ async def delivered(
         }
 
     await feed.until(done)
-    deliveries = sale(feed.received)
+    deliveries = sorted(sale(feed.received), key=lambda d: d.position)
     skipped = feed.skipped + len(feed.received) - len(deliveries)
     return judge_deliveries(
         orders=orders, deliveries=deliveries, journaled=journaled, skipped=skipped
@@ -143,7 +146,7 @@ def judge_deliveries(
     skipped: int = 0,
 ) -> Check:
     """The verdict on what a consumer received of one sale (``deliveries``, already only the
-    sale's, in the order they arrived). ``orders``: order id -> the status the crowd was last
+    sale's, in the broker's order). ``orders``: order id -> the status the crowd was last
     told; ``journaled``: the message ids SQL's journal owes; ``skipped``: other messages read."""
     first: dict[str, Delivery] = {}
     for delivery in deliveries:
@@ -203,7 +206,8 @@ class Feed:
     skipped: int = 0
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def take(self, mid: str | None, body: bytes) -> None:
+    def take(self, mid: str | None, body: bytes, *, position: int | None = None) -> None:
+        """Keep one message; ``position`` as in :class:`Delivery` (default: its arrival)."""
         try:
             parsed = OrderEventBody.model_validate_json(body)
         except ValidationError:
@@ -211,7 +215,8 @@ class Feed:
         if parsed is None or mid is None or parsed.at_ms < self.since_ms:
             self.skipped += 1
             return
-        self.received.append(Delivery(mid, parsed))
+        place = len(self.received) + self.skipped if position is None else position
+        self.received.append(Delivery(mid, parsed, place))
         self._arrived.set()
 
     async def until(
@@ -284,6 +289,9 @@ async def _nats(url: str, feed: Feed) -> AsyncIterator[None]:
             config=ConsumerConfig(
                 deliver_policy=DeliverPolicy.NEW,
                 ack_policy=AckPolicy.EXPLICIT,
+                # A message delivered but never taken (a pull that timed out as it arrived) comes
+                # again soon, well within the verdict's wait; its copy is dropped by message id.
+                ack_wait=2.0,
                 inactive_threshold=30.0,  # the server drops it once nobody pulls
             ),
         )
@@ -294,7 +302,11 @@ async def _nats(url: str, feed: Feed) -> AsyncIterator[None]:
                     batch = await reader.fetch(PREFETCH, timeout=PULL_WAIT_S)
                     for message in batch:
                         headers = message.headers or {}
-                        feed.take(headers.get(Header.MSG_ID.value), message.data)
+                        feed.take(
+                            headers.get(Header.MSG_ID.value),
+                            message.data,
+                            position=message.metadata.sequence.stream,
+                        )
                         await message.ack()
                 except TimeoutError:  # nothing new; nats-py's own is one too
                     continue
