@@ -128,8 +128,10 @@ async def one_item_per_master(api: Api, total: int) -> dict[int, int]:
 
 
 async def drained(api: Api, item_ids: list[int]) -> bool:
-    redis = api.runtime.redis
-    return all([await stream_drained(redis, item_keys(i).events) for i in item_ids])
+    """Every stream of the items landed: each stock shard's, not only the head's."""
+    redis, engine = api.runtime.redis, api.runtime.engine
+    streams = [keys.events for i in item_ids for keys in await engine.shard_keys(i)]
+    return all([await stream_drained(redis, stream) for stream in streams])
 
 
 async def assert_consistent(api: Api, item_ids: list[int]) -> None:
