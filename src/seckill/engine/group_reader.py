@@ -334,13 +334,33 @@ class GroupReader:
                 await pipe.execute()
 
 
-async def one_pass(reader: GroupReader, work: Callable[[], Awaitable[int]]) -> int:
-    """One pass of a worker that reads through ``reader``: when Redis fails under it, the next
-    read starts with the consumer's own pending entries; when a stream lost its group (Redis
-    restarted empty, FLUSHALL, an older AOF; ``seckill recover`` puts the items back), the
-    streams are followed afresh (an archived item's among them)."""
+Handle = Callable[[list[Entry]], Awaitable[int]]
+"""What a consumer does with a lot of entries: hands them to its sink, acknowledges what the sink
+has (and dead-letters what it never will), and returns how many it is done with."""
+
+
+async def one_pass(reader: GroupReader, handle: Handle, *, linger_s: float = 0.0) -> int:
+    """One pass of a worker that reads through ``reader`` (the persister, a bridge): claim a
+    dead consumer's entries and handle them, read new ones and handle them, trim when due;
+    returns the entries done. ``linger_s``: after a part-full read, wait this long so that under
+    load the next lot gathers more.
+
+    When Redis fails under it, the next read starts with the consumer's own pending entries;
+    when a stream lost its group (Redis restarted empty, FLUSHALL, an older AOF; ``seckill
+    recover`` puts the items back), the streams are followed afresh (an archived item's among
+    them)."""
     try:
-        return await work()
+        claimed = await reader.upkeep()
+        if not reader.streams:
+            await asyncio.sleep(reader.config.block_ms / 1000)
+            return 0
+        done = await handle(claimed)
+        fresh = await reader.read(block=not done)
+        done += await handle(fresh)
+        await reader.trim_if_due()
+        if linger_s and 0 < len(fresh) < reader.config.batch_size:
+            await asyncio.sleep(linger_s)
+        return done
     except REDIS_UNAVAILABLE:
         reader.redis_failed()
         raise

@@ -91,18 +91,7 @@ class Bridge:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, publish them; returns the entries confirmed."""
-        return await one_pass(self._reader, self._pass)
-
-    async def _pass(self) -> int:
-        reader = self._reader
-        claimed = await reader.upkeep()
-        if not reader.streams:
-            await asyncio.sleep(self.config.block_ms / 1000)
-            return 0
-        done = await self._forward(claimed)
-        done += await self._forward(await reader.read(block=not done))
-        await reader.trim_if_due()
-        return done
+        return await one_pass(self._reader, self._forward)
 
     async def _forward(self, entries: Sequence[Entry]) -> int:
         """Publish, then acknowledge what the broker confirmed; returns how many."""

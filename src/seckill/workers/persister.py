@@ -104,21 +104,7 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
-        return await one_pass(self._reader, self._pass)
-
-    async def _pass(self) -> int:
-        reader = self._reader
-        claimed = await reader.upkeep()
-        if not reader.streams:
-            await asyncio.sleep(self.config.block_ms / 1000)
-            return 0
-        done = await self._land(claimed)
-        fresh = await reader.read(block=not done)
-        done += await self._land(fresh)
-        await reader.trim_if_due()
-        if 0 < len(fresh) < self.config.batch_size and self.config.linger_ms:
-            await asyncio.sleep(self.config.linger_ms / 1000)
-        return done
+        return await one_pass(self._reader, self._land, linger_s=self.config.linger_ms / 1000)
 
     async def trim(self) -> None:
         """Drop stream entries every group has acknowledged (see ``GroupReader.trim``)."""
