@@ -97,6 +97,21 @@ local function fenced()
   return redis.call("HGET", K.item, "run") ~= live_run()
 end
 
+-- A stream entry id's two parts as numbers; nil for anything else.
+local function id_parts(id)
+  local ms, seq = string.match(type(id) == "string" and id or "", "^(%d+)-(%d+)$")
+  return tonumber(ms), tonumber(seq)
+end
+
+-- The id the shard's stream generated last ("0-0": no stream yet).
+local function last_event_id()
+  if redis.call("EXISTS", K.events) == 0 then return "0-0" end
+  local info = redis.call("XINFO", "STREAM", K.events)
+  for i = 1, #info, 2 do
+    if info[i] == "last-generated-id" then return info[i + 1] end
+  end
+end
+
 local function load_hold(order_id)
   local raw = redis.call("HGET", K.holds, order_id)
   if not raw then return nil end

@@ -39,7 +39,7 @@ if redis.call("EXISTS", K.item) == 1 then
   end
   local last = "0-0"
   if redis.call("EXISTS", K.events) == 1 then
-    last = field(redis.call("XINFO", "STREAM", K.events), "last-generated-id")
+    last = last_event_id()
     local groups = redis.call("XINFO", "GROUPS", K.events)
     if last ~= "0-0" and #groups == 0 then return { "unsettled", "backlog" } end
     for _, group in ipairs(groups) do

@@ -139,16 +139,9 @@ if shards > 1 then redis.call("DEL", KEYS[7], KEYS[8]) end
 -- one it has seen (same id) and skip it. Time has moved on since, unless a clock stepped back.
 local id = "*"
 if tonumber(sql_ms) >= now then id = sql_ms .. "-" .. (tonumber(sql_seq) + 1) end
-local last = redis.pcall("XINFO", "STREAM", K.events)
-if id ~= "*" and type(last) == "table" then
-  for i = 1, #last, 2 do
-    if last[i] == "last-generated-id" then
-      local ms, seq = string.match(last[i + 1], "^(%d+)-(%d+)$")
-      if tonumber(ms) > tonumber(sql_ms) or (ms == sql_ms and tonumber(seq) > tonumber(sql_seq)) then
-        id = "*"
-      end
-    end
-  end
+if id ~= "*" then
+  local ms, seq = id_parts(last_event_id())
+  if ms > tonumber(sql_ms) or (ms == tonumber(sql_ms) and seq > tonumber(sql_seq)) then id = "*" end
 end
 redis.call("XADD", K.events, id, "event", "loaded", "item_id", item_id, "total", item_total,
   "shard_total", total, "available", total - held - sold, "starts_at_ms", sale.starts, "ends_at_ms", sale.ends,

@@ -21,13 +21,9 @@ local ok, entries = pcall(cjson.decode, ARGV[2])
 if not ok or type(entries) ~= "table" or #entries > MAX_BATCH then
   return invalid("invalid_batch", "a JSON list of [entry id, [field, value, ...]], at most " .. MAX_BATCH)
 end
-local function position(id)
-  local ms, seq = string.match(type(id) == "string" and id or "", "^(%d+)-(%d+)$")
-  return tonumber(ms), tonumber(seq)
-end
 for _, entry in ipairs(entries) do
   local fields = entry[2]
-  local good = position(entry[1]) and type(fields) == "table" and #fields > 0 and #fields % 2 == 0
+  local good = id_parts(entry[1]) and type(fields) == "table" and #fields > 0 and #fields % 2 == 0
   for _, v in ipairs(good and fields or {}) do
     if type(v) ~= "string" then good = false end
   end
@@ -36,16 +32,10 @@ for _, entry in ipairs(entries) do
   end
 end
 
-local last_ms, last_seq = -1, -1
-local info = redis.pcall("XINFO", "STREAM", K.events)
-if type(info) == "table" and not info.err then
-  for i = 1, #info, 2 do
-    if info[i] == "last-generated-id" then last_ms, last_seq = position(info[i + 1]) end
-  end
-end
+local last_ms, last_seq = id_parts(last_event_id())
 local restored, skipped = 0, 0
 for _, entry in ipairs(entries) do
-  local ms, seq = position(entry[1])
+  local ms, seq = id_parts(entry[1])
   if ms > last_ms or (ms == last_ms and seq > last_seq) then
     redis.call("XADD", K.events, entry[1], unpack(entry[2]))
     last_ms, last_seq, restored = ms, seq, restored + 1

@@ -17,13 +17,7 @@ local refused = bad_item_id(ARGV[1])
 if refused then return refused end
 
 local t = redis.call("TIME")
-local last = "0-0"
-if redis.call("EXISTS", K.events) == 1 then
-  local info = redis.call("XINFO", "STREAM", K.events)
-  for i = 1, #info, 2 do
-    if info[i] == "last-generated-id" then last = info[i + 1] end
-  end
-end
+local last = last_event_id()
 return {
   t[1] * 1000 + math.floor(t[2] / 1000),
   redis.call("HGETALL", K.item),

@@ -172,11 +172,14 @@ async def _give_back_events(engine: RedisEngine, item_id: int, book: ItemBook) -
     """Put back on each shard's stream the order events SQL landed from it past the stream's
     last id (a bridge may not have read them when Redis lost them); how many went back."""
     shards = book.item.stock_shards if book.item else 1
-    last = await engine.last_event_ids([(item_id, shard) for shard in range(shards)])
+    last = [
+        stream_position(entry_id)
+        for entry_id in await engine.last_event_ids([(item_id, s) for s in range(shards)])
+    ]
     refunds = {(r.shard, r.event_id): r for r in book.refunds.values()}
     lost: dict[int, list[tuple[str, dict[str, str]]]] = defaultdict(list)
     for row in sorted(book.journal, key=lambda r: stream_position(r.event_id)):
-        if stream_position(row.event_id) <= stream_position(last[row.shard]):
+        if stream_position(row.event_id) <= last[row.shard]:
             continue
         fields = _entry_fields(item_id, row, book, refunds.get((row.shard, row.event_id)))
         if fields is not None:
