@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 import nats
@@ -58,12 +58,14 @@ from redis.crc import key_slot
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import func, select, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from benchmarks.tcp_proxy import TcpProxy
 from seckill.bootstrap import open_runtime
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
+from seckill.domain.events import stream_position
 from seckill.domain.orders import OrderStatus
 from seckill.engine.keys import item_keys
 from seckill.redis_cluster import LocalCluster, free_cluster_port
@@ -180,12 +182,13 @@ class NatsServer:
             self.popen.wait()
 
 
-def with_database(url: str, name: str, *, port: int | None = None) -> str:
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if port is not None:
-        netloc = f"{netloc.rpartition('@')[0]}@127.0.0.1:{port}".lstrip("@")
-    return urlunsplit(parts._replace(netloc=netloc, path=f"/{name}"))
+def through_proxy(url: str, database: str, port: int) -> str:
+    """``url`` (SQLAlchemy's) for ``database``, reached through the proxy on ``port``."""
+    return (
+        make_url(url)
+        .set(host="127.0.0.1", port=port, database=database)
+        .render_as_string(hide_password=False)
+    )
 
 
 @contextlib.asynccontextmanager
@@ -217,7 +220,7 @@ class Deployment:
         assert sql_port == proxy.target_port, "the proxy stands before the SQL server"
         self.fixed_env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")} | {
             "SECKILL_REDIS_CLUSTER": "true",
-            "SECKILL_DATABASE_URL": with_database(POSTGRES_URL, database, port=proxy.port),
+            "SECKILL_DATABASE_URL": through_proxy(POSTGRES_URL, database, proxy.port),
             "SECKILL_DATA_DIR": str(scratch / "data"),
             "SECKILL_BRIDGE_URL": self.nats.url,
             "SECKILL_TICKET_TTL_SECONDS": "600",
@@ -307,9 +310,9 @@ class Record:
     def now(self) -> float:
         return time.monotonic() - self.started
 
-    def at_of_entry(self, mid: str) -> float:
-        """When the stream entry a message carries was written (``<stream>/<ms>-<seq>``)."""
-        return (int(mid.rpartition("/")[2].partition("-")[0]) - self.started_ms) / 1000
+    def written_at(self, entry_id: str) -> float:
+        """When a stream entry was written, by its id's time."""
+        return (stream_position(entry_id)[0] - self.started_ms) / 1000
 
 
 class Buyers:
@@ -694,13 +697,11 @@ async def verdicts(
     # SQL never journaled it; the write redone (a hold released again) is a second message.
     phantoms = {
         mid for mid in delivered
-        if mid not in journaled and lost_with_redis(record.at_of_entry(mid))
+        if mid not in journaled and lost_with_redis(record.written_at(mid.rpartition("/")[2]))
     }  # fmt: skip
     got = Counter(event for mid, event in delivered.items() if mid not in phantoms)
     missing = wanted - set(got)
-    entry_at = {
-        (str(r.order_id), str(r.event)): record.at_of_entry(f"/{r.event_id}") for r in journal
-    }
+    entry_at = {(str(r.order_id), str(r.event)): record.written_at(r.event_id) for r in journal}
     shown_missing = sorted(missing, key=lambda event: entry_at[event])[:3]
     twice = [f"{kind} of {order}" for (order, kind), n in got.items() if n > 1]
     failed_checks = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
