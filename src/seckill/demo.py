@@ -38,6 +38,9 @@ from seckill.redis_cluster import LocalCluster
 STARTUP_LIMIT_S = 60
 STOP_LIMIT_S = 30
 _LISTENING = re.compile(r"API on (http://\S+) ")
+SERVE_LOG = "serve.log"  # in the demo's data directory
+_QUIET_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|DEBUG) ")
+COMPLAINTS_SHOWN = 40  # lines
 QUEUE_PER_UNIT = 2  # positions let in per unit available within a turn
 QUEUE_FRONT_S = 0.5  # how old a poll's answer may be; the crowd's sold-out bound uses it
 
@@ -96,7 +99,11 @@ def run_demo(
             database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,
             bridge_url=bridge_url, since_ms=started_ms, prefix=prefix,
         )  # fmt: skip
-        return asyncio.run(rehearsal).result["passed"]
+        passed: bool = asyncio.run(rehearsal).result["passed"]
+        if not passed:  # what the server said may tell why
+            console.print("The server's warnings and errors:", style="bold")
+            console.print(server_complaints(settings.data_dir / SERVE_LOG), markup=False)
+        return passed
 
 
 def waiting_room_env(plan: CrowdPlan) -> dict[str, str]:
@@ -125,7 +132,7 @@ def demo_settings(data_dir: Path) -> Settings:
 def serving(data_dir: Path, server_env: dict[str, str] | None = None) -> Iterator[str]:
     """``seckill serve`` in a child process until exit; yields its base URL. ``server_env``
     adds settings: a Redis other than the embedded one, a waiting room."""
-    log_path = data_dir / "serve.log"
+    log_path = data_dir / SERVE_LOG
     env = {
         **os.environ,
         **(server_env or {}),
@@ -146,6 +153,13 @@ def serving(data_dir: Path, server_env: dict[str, str] | None = None) -> Iterato
         yield _wait_listening(child, log_path)
     finally:
         _stop(child)
+
+
+def server_complaints(log_path: Path) -> str:
+    """The last lines of the server's log above INFO (tracebacks included)."""
+    lines = log_path.read_text(errors="replace").splitlines()
+    loud = [line for line in lines if not _QUIET_LINE.match(line)]
+    return "\n".join(loud[-COMPLAINTS_SHOWN:]) or "(none)"
 
 
 def _wait_listening(child: subprocess.Popen[bytes], log_path: Path) -> str:
