@@ -57,6 +57,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.items import SaleItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import read_progress
 from seckill.redis_server import RedisServer
@@ -298,6 +299,7 @@ async def run_bridge(
     bridge = Bridge(
         redis=redis, sink=sink, consumer="bench",
         config=BridgeConfig(batch_size=batch_size, block_ms=50),
+        prefix=DEFAULT_PREFIX,
     )  # fmt: skip
     deadline = time.monotonic() + RUN_TIMEOUT_S
     with cpu_spent(pids, own="client") as cpu:
@@ -435,7 +437,9 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> tuple[dict[s
     try:
         scripts = Scripts(redis)
         await scripts.load()
-        engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+        engine = RedisEngine(
+            redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, prefix=DEFAULT_PREFIX
+        )
         started = time.perf_counter()
         outcomes = await build_backlog(engine, args.orders)
         backlog_s = time.perf_counter() - started

@@ -52,6 +52,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import GROUP
 from seckill.redis_server import RedisServer
@@ -171,7 +172,9 @@ async def drain(
     """``persisters`` Persisters share the group until it has acknowledged every entry."""
     config = PersisterConfig(batch_size=batch_size, block_ms=50)
     workers = [
-        Persister(redis=redis, ledger=ledger, consumer=f"drain-{i}", config=config)
+        Persister(
+            redis=redis, ledger=ledger, consumer=f"drain-{i}", config=config, prefix=DEFAULT_PREFIX
+        )
         for i in range(persisters)
     ]
     drained = asyncio.Event()
@@ -420,7 +423,9 @@ async def measure_on(
     await redis.flushall()  # a server measured before left its item's keys under the same id
     scripts = Scripts(redis)
     await scripts.load()
-    engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+    engine = RedisEngine(
+        redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, prefix=DEFAULT_PREFIX
+    )
     outcome = await warm_item(engine, ledger, item_id)
     if outcome is not Outcome.LOADED:
         sys.exit(f"item {item_id} did not load on a fresh Redis: {outcome}")

@@ -41,6 +41,7 @@ from benchmarks.harness import durable_redis, redis_binary
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Durability, NotDurable, Scripts
 from seckill.redis_server import RedisServer
 
@@ -189,13 +190,18 @@ async def measure(
         await fast_scripts.load()
         # Loaded before the replica attaches: its full sync carries the item, and the set-up is
         # not subject to a slow first acknowledgement (a replica busy right after its sync).
-        await load(RedisEngine(redis, scripts=fast_scripts, idempotency_ttl_ms=1), ITEM)
+        await load(
+            RedisEngine(redis, scripts=fast_scripts, idempotency_ttl_ms=1, prefix=DEFAULT_PREFIX),
+            ITEM,
+        )
         scripts = fast_scripts
         if replica is not None:
             await attach(redis, replica, primary.port)
             durability = Durability(replicas=1, timeout_ms=args.wait_timeout_ms)
             scripts = Scripts(redis, durability=durability)
-        engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+        engine = RedisEngine(
+            redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, prefix=DEFAULT_PREFIX
+        )
         await warm_up(redis, min(args.connections, args.concurrency))
         figures = await reserve_all(engine, requests=args.requests, concurrency=args.concurrency)
         # Every call wrote a hold, answered or not: not_durable ones too, on the primary.

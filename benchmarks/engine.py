@@ -48,7 +48,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import ItemKeys
+from seckill.engine.keys import DEFAULT_PREFIX, ItemKeys
 from seckill.engine.pipelining import DEFAULT_CONNECTIONS, Pipeliner
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
@@ -320,7 +320,9 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> dict[str, An
     try:
         version = (await redis.info("server"))["redis_version"]
         scripts = Scripts(redis, pipeliner=pipeliner)
-        engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+        engine = RedisEngine(
+            redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, prefix=DEFAULT_PREFIX
+        )
         print(f"redis-server {version} at {server.url} ({server.binary})")
         await scripts.load()
         now_sha = scripts[ScriptName.RESERVE].sha

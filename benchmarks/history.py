@@ -71,6 +71,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
 from seckill.services.archive import Archivist
@@ -146,7 +147,10 @@ class Stores:
         self.database = open_database(database_url)
         self.ledger = Ledger(self.database)
         self.engine = RedisEngine(
-            self.redis, scripts=Scripts(self.redis), idempotency_ttl_ms=IDEMPOTENCY_TTL_MS
+            self.redis,
+            scripts=Scripts(self.redis),
+            idempotency_ttl_ms=IDEMPOTENCY_TTL_MS,
+            prefix=DEFAULT_PREFIX,
         )
 
     async def close(self) -> None:
@@ -207,6 +211,7 @@ async def land_everything(stores: Stores) -> int:
     persister = Persister(
         redis=stores.redis, ledger=stores.ledger, consumer="history-setup",
         config=PersisterConfig(batch_size=1000, block_ms=50),
+        prefix=DEFAULT_PREFIX,
     )  # fmt: skip
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     quiet = 0
@@ -289,7 +294,13 @@ async def redis_commands(redis: Redis) -> int:
 async def persister_idle_cpu(stores: Stores, seconds: float) -> float:
     """This process's CPU share while a persister runs idle, as the workers run it."""
     stop = asyncio.Event()
-    persister = Persister(redis=stores.redis, ledger=stores.ledger, consumer="history", stop=stop)
+    persister = Persister(
+        redis=stores.redis,
+        ledger=stores.ledger,
+        consumer="history",
+        stop=stop,
+        prefix=DEFAULT_PREFIX,
+    )
     task = asyncio.create_task(run_until_stopped(persister, stop))
     try:
         await asyncio.sleep(1.0)  # unmeasured: discovery, the group's first reads

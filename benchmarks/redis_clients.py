@@ -59,7 +59,7 @@ from benchmarks.harness import free_port, redis_binary
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.engine.pipelining import DEFAULT_CONNECTIONS, Pipeliner
 from seckill.engine.scripts import ScriptName, Scripts, script_text
 from seckill.redis_server import RedisServer
@@ -336,7 +336,9 @@ async def open_engine(ctx: Context, *, coalesced: bool) -> AsyncIterator[Opened]
     pipeliner = Pipeliner(ctx.server.url, connections=n) if coalesced else None
     try:
         scripts = Scripts(redis, pipeliner=pipeliner)
-        engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+        engine = RedisEngine(
+            redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, prefix=DEFAULT_PREFIX
+        )
 
         def after() -> dict[str, Any]:
             return {} if pipeliner is None else {"batches": take_batches(pipeliner)}
@@ -481,7 +483,12 @@ async def measure(server: RedisServer, args: argparse.Namespace) -> dict[str, An
     try:
         scripts = Scripts(admin_redis)
         await scripts.load()
-        admin = RedisEngine(admin_redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+        admin = RedisEngine(
+            admin_redis,
+            scripts=scripts,
+            idempotency_ttl_ms=IDEMPOTENCY_TTL_MS,
+            prefix=DEFAULT_PREFIX,
+        )
         sha = scripts[ScriptName.RESERVE].sha
         redis_version = (await admin_redis.info("server"))["redis_version"]
         print(f"redis-server {redis_version} at {server.url} ({server.binary})")

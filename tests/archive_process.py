@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from seckill.engine.cluster import connect
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.services.archive import Archivist
 from seckill.store.database import open_database
@@ -21,7 +22,9 @@ async def main(redis_url: str, database_url: str, item_ids: list[int]) -> None:
     database = open_database(database_url)
     scripts = Scripts(redis)
     await scripts.load()
-    engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
+    engine = RedisEngine(
+        redis, scripts=scripts, idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX
+    )
     archivist = Archivist(engine=engine, ledger=Ledger(database), grace=timedelta(0))
     print("ready", flush=True)
     for item_id in item_ids:

@@ -9,6 +9,7 @@ import json
 import sys
 
 from seckill.engine.cluster import connect
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.sinks import sink_from_url
 from seckill.workers.bridge import Bridge, BridgeConfig
 from seckill.workers.loop import run_until_stopped, stop_on_signals
@@ -20,7 +21,14 @@ async def main(redis_url: str, broker_url: str, topology: dict[str, str]) -> Non
     redis = connect(redis_url, cluster=False, max_connections=8)
     sink = sink_from_url(broker_url, **topology)
     config = BridgeConfig(block_ms=50, poll_ms=10, claim_idle_ms=500, batch_size=50)
-    bridge = Bridge(redis=redis, sink=sink, consumer="test-bridge", config=config, stop=stop)
+    bridge = Bridge(
+        redis=redis,
+        sink=sink,
+        consumer="test-bridge",
+        config=config,
+        stop=stop,
+        prefix=DEFAULT_PREFIX,
+    )
     try:
         await run_until_stopped(bridge, stop)
     finally:

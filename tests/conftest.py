@@ -26,6 +26,7 @@ from seckill.domain.holds import PaymentSettlement
 from seckill.domain.items import NewItem, SaleItem
 from seckill.engine.cluster import RedisClient, connect
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.redis_cluster import LocalCluster
 from seckill.redis_server import RedisServer, bundled_redis_server, server_version
@@ -143,13 +144,15 @@ def clock() -> ManualClock:
 @pytest.fixture
 def engine(redis: RedisClient, scripts: Scripts) -> RedisEngine:
     """An engine on Redis TIME, as in production."""
-    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
+    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX)
 
 
 @pytest.fixture
 def timed_engine(redis: RedisClient, scripts: Scripts, clock: ManualClock) -> RedisEngine:
     """An engine on the test's ManualClock, for expiry without sleeping."""
-    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock)
+    return RedisEngine(
+        redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock, prefix=DEFAULT_PREFIX
+    )
 
 
 async def pay(

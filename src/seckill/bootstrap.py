@@ -12,8 +12,9 @@ from redis.asyncio.cluster import RedisCluster
 
 from seckill.config import Settings
 from seckill.domain.ids import OrderIds
+from seckill.engine.base import Clock, RateLimit
 from seckill.engine.cluster import ClusterNodes, ClusterPipeliner, RedisClient, connect
-from seckill.engine.engine import Clock, RateLimit, RedisEngine
+from seckill.engine.engine import RedisEngine
 from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import Durability, Scripts
 from seckill.engine.worker_ids import leased_order_ids

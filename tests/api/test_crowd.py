@@ -18,6 +18,7 @@ from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.rehearsal import Rehearsal, rehearse
 from seckill.crowd.sale import Sale, SaleRefused
 from seckill.engine.audit import Check
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.security.tokens import token_codec
 from seckill.serve import WorkerKind
 from seckill.store.ledger import Ledger
@@ -41,6 +42,7 @@ async def rush(api: Api, sql_url: str, queue: QueuePlan | None = None) -> Rehear
     return await rehearse(
         api.http.base_url, PLAN, credentials(api), kind="bench", console=Console(quiet=True),
         database_url=sql_url, queue=queue,
+        prefix=DEFAULT_PREFIX,
     )  # fmt: skip
 
 

@@ -13,6 +13,7 @@ from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import stream_drained
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Item
@@ -57,7 +58,10 @@ async def test_replay_lands_a_dead_letter_once_its_cause_is_fixed(
     )
     assert reservation.order_id
     persister = Persister(
-        redis=redis, ledger=ledger, config=PersisterConfig(max_deliveries=1, block_ms=50)
+        redis=redis,
+        ledger=ledger,
+        config=PersisterConfig(max_deliveries=1, block_ms=50),
+        prefix=DEFAULT_PREFIX,
     )
     stream = engine.keys(item_id).events
     while not await stream_drained(redis, stream):

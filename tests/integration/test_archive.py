@@ -22,7 +22,7 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.shards import home_shard
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import items_registry, upkeep_lock_key
+from seckill.engine.keys import DEFAULT_PREFIX, items_registry, upkeep_lock_key
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
 from seckill.services.archive import Archivist
@@ -97,7 +97,11 @@ async def until_ended(ledger: Ledger, item_id: int) -> None:
 async def land(redis: RedisClient, ledger: Ledger) -> None:
     """Run a persister until a pass finds nothing."""
     persister = Persister(
-        redis=redis, ledger=ledger, consumer="test", config=PersisterConfig(block_ms=10)
+        redis=redis,
+        ledger=ledger,
+        consumer="test",
+        config=PersisterConfig(block_ms=10),
+        prefix=DEFAULT_PREFIX,
     )
     quiet = 0
     while quiet < 2:
@@ -543,7 +547,11 @@ async def test_a_running_persister_lets_an_archived_stream_go(
     """A persister that followed the item's stream before it was archived goes on landing the
     other items' entries, and never brings the archived stream back."""
     persister = Persister(
-        redis=redis, ledger=ledger, consumer="long-lived", config=PersisterConfig(block_ms=1000)
+        redis=redis,
+        ledger=ledger,
+        consumer="long-lived",
+        config=PersisterConfig(block_ms=1000),
+        prefix=DEFAULT_PREFIX,
     )
     item_id = await settled_sale(redis, engine, ledger)
     other = await new_sale(engine, ledger, lasts_s=60)
@@ -607,7 +615,7 @@ async def test_a_sharded_item_left_half_removed_is_finished_by_a_fresh_process(
     assert await engine.archive_shard(item_id, 0, await engine.shard_remains(item_id)) is None
     assert await keys_of(redis, item_id) != []
 
-    fresh = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
+    fresh = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX)
     done = await Archivist(engine=fresh, ledger=ledger, grace=timedelta(0)).archive(item_id)
 
     assert done.removed

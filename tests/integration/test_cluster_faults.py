@@ -25,7 +25,7 @@ from redis.crc import key_slot
 from seckill.engine.audit import audit_item
 from seckill.engine.cluster import REDIS_UNAVAILABLE, ClusterNodes, ClusterPipeliner
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import item_keys, items_registry
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys, items_registry
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import stream_drained
 from seckill.redis_cluster import LocalCluster
@@ -285,7 +285,9 @@ async def test_the_reaper_reaps_the_live_masters_while_one_is_down(
         scripts = Scripts(client, pipeliner=pipeliner)
         await scripts.load()
         clock = ManualClock(int(time.time() * 1000))
-        engine = RedisEngine(client, scripts=scripts, idempotency_ttl_ms=60_000, clock=clock)
+        engine = RedisEngine(
+            client, scripts=scripts, idempotency_ttl_ms=60_000, clock=clock, prefix=DEFAULT_PREFIX
+        )
         by_port: dict[int, int] = {}  # an item on each master
         item_id = 0
         while len(by_port) < 3:

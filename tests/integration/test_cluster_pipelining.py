@@ -15,7 +15,7 @@ from redis.exceptions import MovedError
 from seckill.domain.outcomes import Outcome
 from seckill.engine.cluster import ClusterNodes, ClusterPipeliner
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.engine.scripts import Durability, ScriptName, Scripts
 from seckill.redis_cluster import LocalCluster
 from tests.conftest import open_item
@@ -38,7 +38,9 @@ async def engine_on(
     """An engine wired as bootstrap wires it on a cluster."""
     scripts = Scripts(cluster, pipeliner=pipeliner, durability=durability)
     await scripts.load()
-    return RedisEngine(cluster, scripts=scripts, idempotency_ttl_ms=3_600_000)
+    return RedisEngine(
+        cluster, scripts=scripts, idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX
+    )
 
 
 def nodes_of(cluster: RedisCluster) -> set[str]:

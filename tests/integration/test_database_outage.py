@@ -26,6 +26,7 @@ from seckill.domain.holds import HoldState, Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import GROUP, stream_drained
 from seckill.services.items import warm_item
 from seckill.store.database import open_database
@@ -107,7 +108,9 @@ async def test_sales_go_on_while_the_database_is_cut_and_the_backlog_lands_after
     sale = Sale(engine, ledger, redis, item_id, OrderIds(7))  # checks read SQL directly
     stream = engine.keys(item_id).events
 
-    persister = Persister(redis=redis, ledger=persister_ledger, config=CONFIG)
+    persister = Persister(
+        redis=redis, ledger=persister_ledger, config=CONFIG, prefix=DEFAULT_PREFIX
+    )
     stop = asyncio.Event()
     worker = asyncio.create_task(run_until_stopped(persister, stop))
     try:
@@ -204,7 +207,9 @@ async def test_entries_redis_lost_during_the_outage_are_not_landed_after_it(
     proxy.cut()
     orders = [await answered(sale.buy(f"buyer{n}")) for n in range(6)]
     assert all(orders)
-    persister = Persister(redis=redis, ledger=persister_ledger, config=CONFIG)
+    persister = Persister(
+        redis=redis, ledger=persister_ledger, config=CONFIG, prefix=DEFAULT_PREFIX
+    )
     stop = asyncio.Event()
     worker = asyncio.create_task(run_until_stopped(persister, stop))
     try:

@@ -19,6 +19,7 @@ from seckill.domain.holds import HoldState, Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.queues import Queues
 from seckill.engine.scripts import Durability, NotDurable, Scripts
 from seckill.redis_server import RedisServer
@@ -108,7 +109,9 @@ async def engine_on(redis: Redis, durability: Durability | None) -> RedisEngine:
     """A RedisEngine wired as bootstrap wires it."""
     scripts = Scripts(redis, durability=durability)
     await scripts.load()
-    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS)
+    return RedisEngine(
+        redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, prefix=DEFAULT_PREFIX
+    )
 
 
 async def buy(

@@ -49,6 +49,7 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.shards import home_shard
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from tests.conftest import ManualClock, RedisTarget, client_of, flush, pay
 
@@ -254,7 +255,11 @@ class EngineModel(RuleBasedStateMachine):
         scripts = Scripts(self.redis)
         self.runner.run(self.start_clean(scripts))
         self.engine = RedisEngine(
-            self.redis, scripts=scripts, idempotency_ttl_ms=IDEMPOTENCY_TTL_MS, clock=self.clock
+            self.redis,
+            scripts=scripts,
+            idempotency_ttl_ms=IDEMPOTENCY_TTL_MS,
+            clock=self.clock,
+            prefix=DEFAULT_PREFIX,
         )
         self.items: dict[int, ItemModel] = {}
         self.touched: set[int] = set()  # items an engine call may have changed since the check

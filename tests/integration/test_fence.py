@@ -21,6 +21,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import GROUP, read_progress
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
@@ -339,6 +340,7 @@ async def test_a_persister_that_finds_redis_behind_sql_fences_the_item(
     persister = Persister(
         redis=redis, ledger=ledger, engine=engine,
         config=PersisterConfig(block_ms=10, max_deliveries=1, claim_idle_ms=50),
+        prefix=DEFAULT_PREFIX,
     )  # fmt: skip
     for _ in range(5):
         await persister.run_once()

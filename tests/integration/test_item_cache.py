@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from seckill.domain.items import ItemRecord, NewItem
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import item_card_key, item_card_lock_key
+from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
 from seckill.services.item_cache import ItemCache, ItemSource
@@ -114,7 +114,9 @@ async def _read_all(
     try:
         scripts = Scripts(redis)
         await scripts.load()
-        engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=60_000)
+        engine = RedisEngine(
+            redis, scripts=scripts, idempotency_ttl_ms=60_000, prefix=DEFAULT_PREFIX
+        )
         cache = make_cache(engine, Ledger(database))
         sql = SqlCounter(database)
         # Connected before the start: the race is between the reads, not the connection set-ups.

@@ -39,6 +39,7 @@ from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import InvalidRequest, Outcome
 from seckill.engine.audit import redis_accounts
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.services.archive import Archivist
 from seckill.services.orders import OrderBook
@@ -87,7 +88,11 @@ class MoneyMachine(RuleBasedStateMachine):
         self.ledger = Ledger(self.database)
         scripts = Scripts(self.redis)
         self.engine = RedisEngine(
-            self.redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=self.clock
+            self.redis,
+            scripts=scripts,
+            idempotency_ttl_ms=3_600_000,
+            clock=self.clock,
+            prefix=DEFAULT_PREFIX,
         )
         self.item_id = self.run(self.start(scripts, starts))
         self.book = OrderBook(engine=self.engine, ledger=self.ledger)
@@ -123,7 +128,11 @@ class MoneyMachine(RuleBasedStateMachine):
 
     async def land(self) -> None:
         persister = Persister(
-            redis=self.redis, ledger=self.ledger, consumer="model", config=PersisterConfig()
+            redis=self.redis,
+            ledger=self.ledger,
+            consumer="model",
+            config=PersisterConfig(),
+            prefix=DEFAULT_PREFIX,
         )
         quiet = 0
         while quiet < 2:

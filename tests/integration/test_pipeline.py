@@ -19,6 +19,7 @@ from seckill.domain.events import ReleaseReason, decode_event
 from seckill.domain.holds import HoldState
 from seckill.domain.ids import OrderIds
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import GROUP, stream_drained
 from seckill.redis_server import RedisServer
@@ -44,7 +45,9 @@ class Sale:
 
     def persister(self, **config: Any) -> Persister:
         settings = dataclasses.replace(FAST, **config)
-        return Persister(redis=self.redis, ledger=self.ledger, config=settings)
+        return Persister(
+            redis=self.redis, ledger=self.ledger, config=settings, prefix=DEFAULT_PREFIX
+        )
 
     async def buy(self, buyer: str, quantity: int = 1) -> int | None:
         answer = await self.engine.reserve(
@@ -130,7 +133,9 @@ async def test_many_items_land_through_persisters_sharing_the_group(
         else:
             await engine.release(item_id, order_id, ReleaseReason.CANCELLED)
 
-    persisters = [Persister(redis=redis, ledger=ledger, config=FAST) for _ in range(2)]
+    persisters = [
+        Persister(redis=redis, ledger=ledger, config=FAST, prefix=DEFAULT_PREFIX) for _ in range(2)
+    ]
     async with asyncio.timeout(60):
         while not all([await stream_drained(redis, engine.keys(i).events) for i in item_ids]):
             await asyncio.gather(*(p.run_once() for p in persisters))
@@ -188,12 +193,15 @@ async def test_after_redis_failed_a_persister_lands_its_own_pending_entries_firs
         through_proxy = Redis(port=proxy.port, decode_responses=True)
         try:
             scripts = Scripts(redis)
-            engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=60_000)
+            engine = RedisEngine(
+                redis, scripts=scripts, idempotency_ttl_ms=60_000, prefix=DEFAULT_PREFIX
+            )
             item_id = await ledger.create_item(new_item(total=10))
             await warm_item(engine, ledger, item_id)
             persister = Persister(
                 redis=through_proxy, ledger=ledger, consumer="p1",
                 config=dataclasses.replace(FAST, claim_idle_ms=600_000),
+                prefix=DEFAULT_PREFIX,
             )  # fmt: skip
             assert await persister.run_once() == 1  # follows the stream; lands "loaded"
             sale = Sale(engine, ledger, redis, item_id, OrderIds(7))

@@ -13,6 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.pipelining import Pipeliner, PipelinerClosed
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
@@ -32,7 +33,7 @@ async def pipelined(redis: Redis, pipeliner: Pipeliner) -> RedisEngine:
     """An engine wired as bootstrap wires it."""
     scripts = Scripts(redis, pipeliner=pipeliner)
     await scripts.load()
-    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000)
+    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX)
 
 
 def batches(pipeliner: Pipeliner) -> int:

@@ -17,7 +17,9 @@ from seckill.domain.holds import Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.rules import MAX_HOLD_MS
-from seckill.engine.engine import RateLimit, RedisEngine
+from seckill.engine.base import RateLimit
+from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
 from tests.conftest import ManualClock, open_item
@@ -37,7 +39,12 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
 def limited(redis: Redis, scripts: Scripts, clock: ManualClock) -> RedisEngine:
     """An engine with LIMIT, on the test's clock."""
     return RedisEngine(
-        redis, scripts=scripts, idempotency_ttl_ms=3_600_000, clock=clock, rate_limit=LIMIT
+        redis,
+        scripts=scripts,
+        idempotency_ttl_ms=3_600_000,
+        clock=clock,
+        rate_limit=LIMIT,
+        prefix=DEFAULT_PREFIX,
     )
 
 
@@ -226,7 +233,9 @@ async def test_on_redis_time_the_counter_expires_with_its_window(
     """In production there is no test clock: the window is Redis TIME, and the counter's
     PEXPIRE removes it when the window closes."""
     window = RateLimit(requests=2, window_ms=300)
-    engine = RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=60_000, rate_limit=window)
+    engine = RedisEngine(
+        redis, scripts=scripts, idempotency_ttl_ms=60_000, rate_limit=window, prefix=DEFAULT_PREFIX
+    )
     await engine.load_item(open_item(total=10, limit=10))
     assert (await attempt(engine, "alice")).accepted
     assert (await attempt(engine, "alice")).accepted

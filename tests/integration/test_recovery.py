@@ -19,6 +19,7 @@ from seckill.domain.events import ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
@@ -39,7 +40,12 @@ AOF_FILES = ("appendonlydir", "appendonly.aof")  # Redis 7 keeps a directory, 6.
 async def connected(server: RedisServer) -> AsyncIterator[tuple[Redis, RedisEngine]]:
     client = Redis.from_pool(BlockingConnectionPool.from_url(server.url, decode_responses=True))
     try:
-        yield client, RedisEngine(client, scripts=Scripts(client), idempotency_ttl_ms=3_600_000)
+        yield (
+            client,
+            RedisEngine(
+                client, scripts=Scripts(client), idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX
+            ),
+        )
     finally:
         await client.aclose()
 

@@ -11,7 +11,7 @@ from seckill.crowd.deliveries import (
     ours,
 )
 from seckill.domain.events import EventKind, ReleaseReason, StockEvent
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.sinks.messages import OrderEventBody, order_message
 from seckill.store.records import JournalRow
 
@@ -59,7 +59,7 @@ def test_every_event_once_in_order_passes_and_copies_by_id_are_counted() -> None
     sale = the_sale()
     check = judge_deliveries(
         orders=ORDERS, deliveries=[*sale, sale[3], sale[0]],
-        journaled=journaled_ids(ITEM, journal(sale)), skipped=4,
+        journaled=journaled_ids(ITEM, journal(sale), prefix=DEFAULT_PREFIX), skipped=4,
     )  # fmt: skip
 
     assert check.ok, check.detail
@@ -76,7 +76,9 @@ def test_a_missing_last_event_or_journaled_event_fails() -> None:
     # The crowd was told refund_required; the release before it is owed by SQL's journal.
     without_release = [d for d in sale if d is not sale[5]]
     check = judge_deliveries(
-        orders=ORDERS, deliveries=without_release, journaled=journaled_ids(ITEM, journal(sale))
+        orders=ORDERS,
+        deliveries=without_release,
+        journaled=journaled_ids(ITEM, journal(sale), prefix=DEFAULT_PREFIX),
     )
     assert not check.ok and f"journaled {sale[5].message_id}" in check.detail
 
@@ -114,13 +116,13 @@ def test_an_order_the_crowd_does_not_know_fails() -> None:
 
 def test_only_this_sales_messages_count() -> None:
     mine = delivery("101", EventKind.RESERVED, 1)
-    assert ours(mine, item_id=ITEM, since_ms=START_MS)
+    assert ours(mine, item_id=ITEM, since_ms=START_MS, prefix=DEFAULT_PREFIX)
     other_item = delivery("101", EventKind.RESERVED, 1, item=ITEM + 1)
-    assert not ours(other_item, item_id=ITEM, since_ms=START_MS)
+    assert not ours(other_item, item_id=ITEM, since_ms=START_MS, prefix=DEFAULT_PREFIX)
     earlier_sale = delivery("101", EventKind.RESERVED, 1, at_ms=START_MS - 60_000)
-    assert not ours(earlier_sale, item_id=ITEM, since_ms=START_MS)
+    assert not ours(earlier_sale, item_id=ITEM, since_ms=START_MS, prefix=DEFAULT_PREFIX)
     other_prefix = Delivery(mine.message_id.replace("seckill:", "shop:", 1), mine.body)
-    assert not ours(other_prefix, item_id=ITEM, since_ms=START_MS)
+    assert not ours(other_prefix, item_id=ITEM, since_ms=START_MS, prefix=DEFAULT_PREFIX)
 
 
 def test_the_feed_keeps_order_events_of_the_window_and_counts_the_rest() -> None:

@@ -167,7 +167,7 @@ def bench(
     def run() -> bool:
         rehearsal = rehearse(
             url, plan, credentials, kind="bench", console=console, database_url=database_url,
-            report_dir=report_dir, queue=queue,
+            report_dir=report_dir, queue=queue, prefix=settings.key_prefix,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
 

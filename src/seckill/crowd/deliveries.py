@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from seckill.domain.events import EventKind
 from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import Check
-from seckill.engine.keys import DEFAULT_PREFIX, item_keys
+from seckill.engine.keys import item_keys
 from seckill.sinks import OrderEventBody, sink_from_url
 from seckill.sinks.messages import ROUTING_KEYS, message_id
 from seckill.store.records import JournalRow
@@ -70,7 +70,7 @@ class Delivery:
     position: int = 0
 
 
-def ours(delivery: Delivery, *, item_id: int, since_ms: int, prefix: str = DEFAULT_PREFIX) -> bool:
+def ours(delivery: Delivery, *, item_id: int, since_ms: int, prefix: str) -> bool:
     """The message is an event of this sale: the item's, from one of the item's streams (with
     the id that stream entry gives), and no older than the sale's start."""
     body = delivery.body
@@ -83,9 +83,7 @@ def ours(delivery: Delivery, *, item_id: int, since_ms: int, prefix: str = DEFAU
     )
 
 
-def journaled_ids(
-    item_id: int, journal: Iterable[JournalRow], *, prefix: str = DEFAULT_PREFIX
-) -> set[str]:
+def journaled_ids(item_id: int, journal: Iterable[JournalRow], *, prefix: str) -> set[str]:
     """The message ids of the order events SQL journaled for the item: what the bridge owes."""
     return {
         message_id(item_keys(item_id, prefix, row.shard).events, row.event_id)
@@ -107,7 +105,7 @@ async def delivered(
     item_id: int,
     orders: Mapping[str, str],
     journal: Iterable[JournalRow] | None,
-    prefix: str = DEFAULT_PREFIX,
+    prefix: str,
 ) -> Check:
     """Wait for the sale's events to arrive (every one SQL journaled, and each order's
     ``reserved`` and last event), up to a bound, then judge what did."""

@@ -16,7 +16,6 @@ from seckill.crowd.live import LiveView, print_result
 from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.result import CrowdResult
 from seckill.crowd.sale import Sale, open_sale, run_sale
-from seckill.engine.keys import DEFAULT_PREFIX
 
 REQUEST_TIMEOUT_S = 30
 
@@ -49,7 +48,7 @@ async def rehearse(
     queue: QueuePlan | None = None,
     bridge_url: str | None = None,
     since_ms: int = 0,
-    prefix: str = DEFAULT_PREFIX,
+    prefix: str,
 ) -> Rehearsal:
     """Run the sale against ``url``, showing it live, then audit it and write the reports
     (``<report_dir>/<kind>-<time>.json`` and ``.html``) unless ``report_dir`` is None.

@@ -31,7 +31,6 @@ from seckill.crowd.result import CrowdResult
 from seckill.crowd.summary import summarize
 from seckill.crowd.waiting import QueueCrowd
 from seckill.engine.audit import Check
-from seckill.engine.keys import DEFAULT_PREFIX
 
 SETTLE_MARGIN_S = 60.0  # beyond the hold time, for the reaper and the persister to catch up
 LOOK_EVERY_S = 0.25
@@ -81,7 +80,7 @@ class Sale:
         return checks
 
     async def deliveries(
-        self, feed: Feed, *, database_url: str | None = None, prefix: str = DEFAULT_PREFIX
+        self, feed: Feed, *, database_url: str | None = None, prefix: str
     ) -> Check:
         """The verdict on what a broker's consumer got of the sale's order events (the bridge's
         work): each order the crowd holds, and with a database every event SQL journaled."""

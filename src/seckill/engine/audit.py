@@ -14,7 +14,8 @@ from seckill.domain.events import RefundReason
 from seckill.domain.holds import Hold, HoldState
 from seckill.domain.money import Accounts, Charge, account
 from seckill.domain.shards import home_shard
-from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
+from seckill.engine.engine import RedisEngine
+from seckill.engine.reads import ItemSnapshot, combined_stock
 
 
 @dataclass(frozen=True, slots=True)

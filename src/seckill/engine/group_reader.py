@@ -39,8 +39,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from seckill.domain.events import stream_position
+from seckill.engine.base import ShardCounts, registered_items
 from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
-from seckill.engine.engine import ShardCounts, registered_items
 from seckill.engine.keys import ItemKeys, item_keys
 
 log = logging.getLogger(__name__)

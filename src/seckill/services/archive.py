@@ -30,9 +30,10 @@ from datetime import UTC, datetime, timedelta
 from seckill.config import Settings
 from seckill.domain.items import ItemRecord
 from seckill.domain.lifecycle import Hindrance, Stage, Unsettled, stage
-from seckill.engine.engine import RedisEngine, ShardRemains
+from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
+from seckill.engine.reads import ShardRemains
 from seckill.engine.streams import GROUP, read_progress
 from seckill.services.items import UnknownItem
 from seckill.services.reconcile.drift import Drift

@@ -43,7 +43,7 @@ from seckill.domain.items import ItemRecord
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import DEFAULT_PREFIX, item_card_key, item_card_lock_key
+from seckill.engine.keys import item_card_key, item_card_lock_key
 from seckill.engine.leases import Lease
 from seckill.observability import metrics
 
@@ -170,7 +170,6 @@ class ItemCache:
         *,
         engine: RedisEngine,
         source: ItemSource,
-        prefix: str = DEFAULT_PREFIX,
         local_seconds: float,
         redis_seconds: float,
         jitter_seconds: float,
@@ -186,7 +185,7 @@ class ItemCache:
         self._engine = engine
         self._redis: RedisClient = engine.redis
         self._source = source
-        self._prefix = prefix
+        self._prefix = engine.prefix
         self._local_s = local_seconds
         self._local_absent_s = min(local_seconds, absent_seconds)
         self._redis_ms = round(redis_seconds * 1000)
@@ -215,7 +214,6 @@ class ItemCache:
         return cls(
             engine=engine,
             source=source,
-            prefix=settings.key_prefix,
             local_seconds=settings.item_cache_local_seconds,
             redis_seconds=settings.item_cache_redis_seconds,
             jitter_seconds=settings.item_cache_jitter_seconds,

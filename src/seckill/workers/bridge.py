@@ -33,7 +33,6 @@ from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import BadEvent, decode_event
 from seckill.engine.cluster import RedisClient
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
-from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.observability import metrics
 from seckill.sinks import (
     Message,
@@ -65,7 +64,7 @@ class Bridge:
         *,
         redis: RedisClient,
         sink: Sink,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str,
         consumer: str | None = None,
         config: BridgeConfig | None = None,
         stop: asyncio.Event | None = None,

@@ -45,7 +45,6 @@ from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
-from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
 from seckill.store.database import is_race, is_transient
@@ -83,7 +82,7 @@ class Persister:
         *,
         redis: RedisClient,
         ledger: Ledger,
-        prefix: str = DEFAULT_PREFIX,
+        prefix: str,
         consumer: str | None = None,
         config: PersisterConfig | None = None,
         stop: asyncio.Event | None = None,

@@ -26,7 +26,7 @@ from seckill.domain.holds import Hold, HoldState
 from seckill.domain.money import Accounts, Charge, account
 from seckill.domain.orders import TRANSITIONS, OrderStatus, moves_order, status_after
 from seckill.engine.audit import audit_snapshot, charges
-from seckill.engine.engine import ItemSnapshot
+from seckill.engine.reads import ItemSnapshot
 from seckill.store.records import ItemBook, JournalRow, LandedOrder
 
 Position = tuple[int, int]

@@ -43,7 +43,8 @@ from seckill.domain.items import Stock
 from seckill.domain.orders import moves_order
 from seckill.domain.outcomes import InvalidRequest
 from seckill.engine.audit import redis_accounts
-from seckill.engine.engine import ItemSnapshot, RedisEngine, combined_stock
+from seckill.engine.engine import RedisEngine
+from seckill.engine.reads import ItemSnapshot, combined_stock
 from seckill.services.items import warm_item
 from seckill.services.reconcile.drift import (
     REDIS_LOST,

@@ -33,7 +33,8 @@ from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.shards import home_shard, split_stock
 from seckill.domain.times import datetime_to_ms
-from seckill.engine.engine import RecoveredOrder, RecoveredPayment, Recovery, RedisEngine
+from seckill.engine.engine import RedisEngine
+from seckill.engine.repairs import RecoveredOrder, RecoveredPayment, Recovery
 from seckill.services.items import UnknownItem
 from seckill.store.ledger import Ledger
 from seckill.store.records import ItemBook, JournalRow, LandedOrder, RefundRecord
