@@ -9,43 +9,26 @@ again must land the release first, or `available` would dip below zero (which it
 forbids); landing then raises AheadOfStream and the persister waits for the release to land.
 
 A batch costs a handful of statements whatever its size: one to lock its orders, the journal
-rows and the new orders in bulk by the fastest way each driver offers (``Bulk`` below, the only
-code here that knows a driver), and one counter update per item. A `refund_required` event also
+rows and the new orders in bulk by the fastest way each driver offers (``store/bulk.py``, the only
+code that knows a driver), and one counter update per item. A `refund_required` event also
 records its refund owed, once per payment (a few statements, when the batch has any).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    DateTime,
-    Dialect,
-    String,
-    Table,
-    and_,
-    bindparam,
-    func,
-    insert,
-    select,
-    tuple_,
-    update,
-)
-from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Table, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.dml import Update
 
 from seckill.domain.events import TRANSFERS, AheadOfStream, BadEvent, EventKind, StockEvent
 from seckill.domain.orders import RELEASED_STATUSES, Moves, OrderStatus, moves_order, transition
 from seckill.domain.times import ms_to_datetime
-from seckill.store.tables import Inventory, Item, Order, Refund, StockFlow, UTCDateTime
+from seckill.store.bulk import ORDERS, Bulk, bulk_for
+from seckill.store.tables import Inventory, Item, Order, Refund, StockFlow
 
 
 async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
@@ -328,7 +311,7 @@ class _Plan:
     async def write(self, conn: AsyncConnection, bulk: Bulk) -> None:
         await bulk.insert(conn, _STOCK_FLOW, _JOURNAL_COLUMNS, self.journal)
         if self.born:
-            await bulk.insert(conn, _ORDERS, _ORDER_COLUMNS, self.order_rows())
+            await bulk.insert(conn, ORDERS, _ORDER_COLUMNS, self.order_rows())
         if self.advances:
             # In id order, like the locks; each row is guarded by the status it moves from.
             rows = [self.advances[i].row() for i in sorted(self.advances)]
@@ -362,64 +345,6 @@ class _Plan:
 
 
 _STOCK_FLOW: Table = StockFlow.__table__  # type: ignore[assignment]
-_ORDERS: Table = Order.__table__  # type: ignore[assignment]
-
-# An order moving forward: the values of `_Advance.row`, and the time of the move.
-_ADVANCE_PARAMETERS = (
-    "b_id", "b_from", "b_status", "b_paid_at", "b_released_at", "b_reason", "b_payment_id",
-)  # fmt: skip
-_ADVANCE_ORDER = (
-    update(Order)
-    .where(and_(Order.id == bindparam("b_id"), Order.status == bindparam("b_from")))
-    .values(
-        status=bindparam("b_status"),
-        # Set once: a refund after the release keeps the release's time and reason.
-        # (Typed parameters: inside COALESCE they would not get the column's bind processing.)
-        paid_at=func.coalesce(Order.paid_at, bindparam("b_paid_at", type_=UTCDateTime())),
-        released_at=func.coalesce(
-            Order.released_at, bindparam("b_released_at", type_=UTCDateTime())
-        ),
-        release_reason=func.coalesce(
-            Order.release_reason, bindparam("b_reason", type_=Order.release_reason.type)
-        ),
-        payment_id=func.coalesce(
-            Order.payment_id, bindparam("b_payment_id", type_=Order.payment_id.type)
-        ),
-        updated_at=bindparam("b_now"),
-    )
-)
-
-
-def _advance_from_arrays() -> Update:
-    """`_ADVANCE_ORDER` for every row at once on PostgreSQL: its parameters as arrays."""
-    array_types = (BigInteger, String, String, DateTime, DateTime, String, String)
-    moves = (
-        func.unnest(
-            *(
-                bindparam(name, type_=ARRAY(t))
-                for name, t in zip(_ADVANCE_PARAMETERS, array_types, strict=True)
-            )
-        )
-        .table_valued(
-            "id", "from_status", "status", "paid_at", "released_at", "reason", "payment_id"
-        )
-        .render_derived(name="moves")
-    )
-    return (
-        update(Order)
-        .where(Order.id == moves.c.id, Order.status == moves.c.from_status)
-        .values(
-            status=moves.c.status,
-            paid_at=func.coalesce(Order.paid_at, moves.c.paid_at),
-            released_at=func.coalesce(Order.released_at, moves.c.released_at),
-            release_reason=func.coalesce(Order.release_reason, moves.c.reason),
-            payment_id=func.coalesce(Order.payment_id, moves.c.payment_id),
-            updated_at=bindparam("b_now", type_=DateTime()),
-        )
-    )
-
-
-_ADVANCE_FROM_ARRAYS = _advance_from_arrays()
 
 
 async def _owe_refunds(conn: AsyncConnection, rows: list[dict[str, Any]]) -> None:
@@ -460,173 +385,3 @@ async def _move_stock(
             f"inventory of item {item_id} cannot move by available {available:+}, held "
             f"{held:+}, sold {sold:+}: a counter would go below zero"
         )
-
-
-# -- Bulk statements: the one place that knows a driver ------------------------------------------
-# A batch names a thousand orders at once and inserts as many rows in each table, inside its
-# transaction. `benchmarks/drain.py` measures these ways against the fastest raw writes of the
-# same rows.
-
-
-class Bulk:
-    """Any backend (SQLite): ``IN (...)`` with the ids written out, SQLAlchemy's executemany
-    with the column types' own processing, one UPDATE per order moved."""
-
-    def one_of(self, column: ColumnElement[Any], ids: list[int]) -> ColumnElement[bool]:
-        """``column`` is one of ``ids``: whole numbers, safe to write into the statement, which
-        is cheaper than a thousand bound parameters."""
-        return column.in_(bindparam("ids", ids, literal_execute=True))
-
-    def db_time(self, moment: datetime) -> Any:
-        """An aware UTC time as this way of inserting takes it."""
-        return moment
-
-    async def insert(
-        self,
-        conn: AsyncConnection,
-        table: Table,
-        columns: Sequence[str],
-        rows: Sequence[tuple[Any, ...]],
-    ) -> None:
-        """Insert ``rows``, tuples of ``columns``' values, into ``table``."""
-        await conn.execute(insert(table), [dict(zip(columns, row, strict=True)) for row in rows])
-
-    async def advance(
-        self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
-    ) -> int:
-        """Move orders on record forward (``rows`` as ``_Advance.row`` makes them), each only
-        from the status it names; returns how many moved."""
-        moved = 0
-        for row in rows:  # one statement each, counted by every driver
-            parameters = dict(zip(_ADVANCE_PARAMETERS, row, strict=True))
-            moved += (await conn.execute(_ADVANCE_ORDER, {**parameters, "b_now": now})).rowcount
-        return moved
-
-
-class _DriverValues(Bulk):
-    """The ways that hand values to the driver itself, past SQLAlchemy's column types."""
-
-    def db_time(self, moment: datetime) -> Any:
-        return moment.replace(tzinfo=None)  # UTC, as UTCDateTime stores it
-
-
-class PostgresBulk(_DriverValues):
-    """PostgreSQL through asyncpg: ids as one array parameter, rows by ``COPY ... FROM STDIN``
-    in the binary format (which beats executemany and ``INSERT ... SELECT FROM unnest(...)``
-    here), orders moved by one ``UPDATE ... FROM unnest(...)``."""
-
-    def one_of(self, column: ColumnElement[Any], ids: list[int]) -> ColumnElement[bool]:
-        # `IN (SELECT unnest($1))`, which plans without looking at the ids: `= ANY($1)`, planned
-        # afresh for batches of 500, took 15 to 50 ms as the orders grew to 10,000 (executing
-        # in under 3), against about 3 for this.
-        return column.in_(select(func.unnest(bindparam("ids", ids, type_=ARRAY(BigInteger)))))
-
-    async def insert(
-        self,
-        conn: AsyncConnection,
-        table: Table,
-        columns: Sequence[str],
-        rows: Sequence[tuple[Any, ...]],
-    ) -> None:
-        async with _driver_connection(conn, f"COPY {table.name}") as driver:
-            if not driver.is_in_transaction():  # SQLAlchemy begins it with the first statement
-                raise RuntimeError("COPY outside the batch's transaction")
-            await driver.copy_records_to_table(table.name, records=rows, columns=list(columns))
-
-    async def advance(
-        self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
-    ) -> int:
-        columns = zip(*rows, strict=True)
-        parameters = {
-            name: list(values) for name, values in zip(_ADVANCE_PARAMETERS, columns, strict=True)
-        }
-        result = await conn.execute(_ADVANCE_FROM_ARRAYS, {**parameters, "b_now": now})
-        return result.rowcount
-
-
-class MariaDBBulk(_DriverValues):
-    """MariaDB through asyncmy: one prepared INSERT bound to every row at once
-    (``COM_STMT_BULK_EXECUTE``: binary values, one round trip), as fast here as a multi-row
-    INSERT built beforehand, and twice asyncmy's executemany (which escapes every value into one
-    such INSERT); orders moved likewise, by one UPDATE bound to each. MySQL lacks the command:
-    it keeps SQLAlchemy's ways."""
-
-    async def insert(
-        self,
-        conn: AsyncConnection,
-        table: Table,
-        columns: Sequence[str],
-        rows: Sequence[tuple[Any, ...]],
-    ) -> None:
-        # The command types each column by its values: a column NULL in every row is left out
-        # (a nullable column of these tables defaults to NULL).
-        values = list(zip(*rows, strict=True))
-        kept = [i for i, column in enumerate(values) if column.count(None) < len(column)]
-        quote = conn.dialect.identifier_preparer.quote
-        statement = (
-            f"INSERT INTO {quote(table.name)} ({', '.join(quote(columns[i]) for i in kept)}) "
-            f"VALUES ({', '.join('?' * len(kept))})"
-        )
-        async with _driver_connection(conn, statement) as driver:
-            prepared = await driver.prepare(statement)
-            try:
-                await prepared.execute_bulk(list(zip(*(values[i] for i in kept), strict=True)))
-            finally:
-                await prepared.close()
-
-    async def advance(
-        self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
-    ) -> int:
-        ids, froms, statuses, *once_values = zip(*rows, strict=True)
-        # A time, reason or payment NULL in every row is left out, as in `insert`: COALESCE(x,
-        # NULL) is x.
-        once = [
-            (name, values)
-            for name, values in zip(
-                ("paid_at", "released_at", "release_reason", "payment_id"), once_values, strict=True
-            )
-            if values.count(None) < len(values)
-        ]
-        quote = conn.dialect.identifier_preparer.quote
-        assignments = [
-            f"{quote('status')} = ?",
-            *(f"{quote(name)} = COALESCE({quote(name)}, ?)" for name, _ in once),
-            f"{quote('updated_at')} = ?",
-        ]
-        statement = (
-            f"UPDATE {quote(_ORDERS.name)} SET {', '.join(assignments)} "
-            f"WHERE {quote('id')} = ? AND {quote('status')} = ?"
-        )
-        parameters = zip(
-            statuses, *(values for _, values in once), [now] * len(rows), ids, froms, strict=True
-        )
-        async with _driver_connection(conn, statement) as driver:
-            prepared = await driver.prepare(statement)
-            try:
-                result = await prepared.execute_bulk(list(parameters))
-            finally:
-                await prepared.close()
-        return int(result.affected_rows)  # rows matched: SQLAlchemy connects with FOUND_ROWS
-
-
-def bulk_for(dialect: Dialect) -> Bulk:
-    """The fastest ways measured through ``dialect``'s driver."""
-    if dialect.driver == "asyncpg":
-        return PostgresBulk()
-    if dialect.driver == "asyncmy" and getattr(dialect, "is_mariadb", False):
-        return MariaDBBulk()
-    return Bulk()
-
-
-@asynccontextmanager
-async def _driver_connection(conn: AsyncConnection, statement: str) -> AsyncIterator[Any]:
-    """The driver's own connection under ``conn``, inside the batch's transaction. Its errors
-    come out as SQLAlchemy's do (a DBAPIError carrying the driver's), so that ``is_transient``
-    tells an outage from rows the database refused."""
-    raw = await conn.get_raw_connection()
-    try:
-        yield raw.driver_connection
-    except (OSError, TimeoutError):
-        raise
-    except Exception as exc:
-        raise DBAPIError.instance(statement, None, exc, Exception, dialect=conn.dialect) from exc
