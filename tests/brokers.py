@@ -33,6 +33,8 @@ from seckill.sinks.rabbitmq import RabbitMQSink
 AMQP_URL = os.environ.get("SECKILL_TEST_AMQP_URL", "")
 NATS_URL = os.environ.get("SECKILL_TEST_NATS_URL", "")
 
+# How long a consumer waits for the next message before it gives up on the rest: a bound on
+# silence, not on the whole read, which takes longer on a busy machine.
 RECEIVE_LIMIT_S = 10.0
 QUIET_S = 0.3  # after the last expected message: long enough for a stray copy to show up
 FAST = {"connect_timeout_s": 1.0, "confirm_timeout_s": 1.5}  # faults fail within seconds
@@ -131,6 +133,7 @@ class RabbitMQ:
                     timestamp_s=int(message.timestamp.timestamp()) if message.timestamp else None,
                 )
             )
+            deadline = time.monotonic() + RECEIVE_LIMIT_S
             if len(got) >= count and quiet_until is None:
                 quiet_until = time.monotonic() + QUIET_S
         return got
@@ -202,6 +205,7 @@ class Nats:
                     if len(got) >= count:
                         break
                     continue
+                deadline = time.monotonic() + RECEIVE_LIMIT_S
                 for message in batch:
                     await message.ack()
                     headers = message.headers or {}

@@ -39,7 +39,7 @@ STARTUP_LIMIT_S = 60
 STOP_LIMIT_S = 30
 _LISTENING = re.compile(r"API on (http://\S+) ")
 SERVE_LOG = "serve.log"  # in the demo's data directory
-_QUIET_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (INFO|DEBUG) ")
+_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ ([A-Z]+) ")  # a record's first line
 COMPLAINTS_SHOWN = 40  # lines
 QUEUE_PER_UNIT = 2  # positions let in per unit available within a turn
 QUEUE_FRONT_S = 0.5  # how old a poll's answer may be; the crowd's sold-out bound uses it
@@ -156,9 +156,14 @@ def serving(data_dir: Path, server_env: dict[str, str] | None = None) -> Iterato
 
 
 def server_complaints(log_path: Path) -> str:
-    """The last lines of the server's log above INFO (tracebacks included)."""
-    lines = log_path.read_text(errors="replace").splitlines()
-    loud = [line for line in lines if not _QUIET_LINE.match(line)]
+    """The last lines of the server's log records above INFO (tracebacks included)."""
+    loud, quiet = [], False
+    for line in log_path.read_text(errors="replace").splitlines():
+        record = _LOG_LINE.match(line)
+        if record:  # else a record's next line (a traceback): as loud as its first
+            quiet = record.group(1) in ("DEBUG", "INFO")
+        if not quiet:
+            loud.append(line)
     return "\n".join(loud[-COMPLAINTS_SHOWN:]) or "(none)"
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine.engine import RedisEngine
 from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
 from seckill.engine.keys import items_registry
 from seckill.engine.streams import GROUP
 from seckill.services.dashboard import take_snapshot
+from seckill.services.stream_groups import list_groups, retire
 from seckill.store.ledger import Ledger
 from tests.conftest import open_item
 
@@ -154,3 +156,51 @@ async def test_a_reader_follows_the_registry_from_before_the_first_entry(
     await engine.redis.srem(items_registry(engine.prefix), 1)
     await bridge.discover()
     assert bridge.streams == {}
+
+
+async def test_a_reader_that_finds_a_stream_first_makes_every_registered_group(
+    engine: RedisEngine,
+) -> None:
+    """The bridge has registered its group but not yet looked at the new item when the
+    persister finds it, lands every entry and trims: the persister made the bridge's group with
+    the stream, so the bridge still gets every entry."""
+    persister, bridge = reader(engine, GROUP), reader(engine, "bridge-test")
+    await bridge.discover()  # registered, before the item exists
+    await engine.load_item(open_item(total=1000))
+    await sell(engine, 300)
+    await persister.ack(await read_all(persister))
+    await persister.trim()
+    assert len(await read_all(bridge)) == 301  # the load, then every reservation
+
+
+async def test_a_retired_group_leaves_the_registry_and_every_stream(engine: RedisEngine) -> None:
+    """Retiring a bridge's group: new streams no longer get it, the streams it was on lose it,
+    and the persister's trimming no longer waits for it. The persister's own group and a group
+    nobody registered are refused, changing nothing."""
+    persister, bridge = reader(engine, GROUP), reader(engine, "bridge-test")
+    for group in (persister, bridge):
+        await group.discover()
+    await engine.load_item(open_item(total=1000))
+    await sell(engine, 300)
+    assert await list_groups(engine) == ["bridge-test", GROUP]
+
+    for wrong in (GROUP, "bridge-typo"):
+        with pytest.raises(InvalidRequest) as refused:
+            await retire(engine, wrong)
+        assert refused.value.code is ErrorCode.INVALID_GROUP
+    assert await list_groups(engine) == ["bridge-test", GROUP]
+
+    stream = engine.keys(1).events
+    await persister.ack(await read_all(persister))
+    await persister.trim()
+    assert await engine.redis.xlen(stream) == 301  # the bridge has read none of it
+    assert await retire(engine, "bridge-test") == 1
+    assert await list_groups(engine) == [GROUP]
+    assert [g["name"] for g in await engine.redis.xinfo_groups(stream)] == [GROUP]
+    await persister.trim()
+    assert await engine.redis.xlen(stream) < 301
+
+    await engine.load_item(open_item(2, total=10))
+    await persister.discover()
+    groups = await engine.redis.xinfo_groups(engine.keys(2).events)
+    assert [g["name"] for g in groups] == [GROUP]

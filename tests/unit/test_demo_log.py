@@ -11,6 +11,8 @@ def test_a_failed_demo_shows_the_servers_warnings_and_tracebacks(tmp_path: Path)
     log = tmp_path / "serve.log"
     log.write_text(
         "2026-11-27 00:40:12,345 INFO seckill.serve persister started\n"
+        "2026-11-27 00:40:12,345 INFO alembic upgrade 0005 -> 0006, a message on\n"
+        "two lines\n"
         "2026-11-27 00:40:12,346 WARNING seckill.workers.bridge nats unreachable\n"
         "2026-11-27 00:40:12,347 DEBUG seckill.engine read\n"
         "2026-11-27 00:40:13,001 ERROR seckill.workers.loop bridge: pass failed\n"

@@ -17,8 +17,9 @@ from seckill.engine.scripts import (
     ScriptName,
 )
 
-# Validated by Python alone: whether an item is archived, or settled, is SQL's to say.
-PYTHON_ONLY_ERRORS = {ErrorCode.ITEM_ARCHIVED, ErrorCode.ITEM_UNSETTLED}
+# Validated by Python alone: whether an item is archived, or settled, is SQL's to say; which
+# consumer groups follow the streams is no script's business.
+PYTHON_ONLY_ERRORS = {ErrorCode.ITEM_ARCHIVED, ErrorCode.ITEM_UNSETTLED, ErrorCode.INVALID_GROUP}
 
 
 def _header(name: str) -> str:

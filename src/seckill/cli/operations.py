@@ -29,6 +29,10 @@ refund_commands = typer.Typer(
     help="Refunds owed: successful charges that paid nothing.", no_args_is_help=True
 )
 config_commands = typer.Typer(help="The settings.", no_args_is_help=True)
+group_commands = typer.Typer(
+    help="The consumer groups that follow every item stream (the persister, each bridge).",
+    no_args_is_help=True,
+)
 
 
 def item_cache(runtime: Runtime) -> ItemCache:
@@ -322,6 +326,28 @@ def dead_letters_drop(
     print_settled(console, done, "dropped")
     if not done.ok:
         raise typer.Exit(1)
+
+
+@group_commands.command("list")
+def groups_list() -> None:
+    """The registered groups: each is made on every item stream, and trimming waits for it."""
+    from seckill.services.stream_groups import list_groups
+
+    for group in with_runtime(lambda rt: list_groups(rt.engine)):
+        console.print(group, markup=False)
+
+
+@group_commands.command("retire")
+def groups_retire(
+    group: str = typer.Argument(..., help="A bridge's group: bridge-<sink>."),
+) -> None:
+    """Take a group out of service for good (a bridge no longer run): off the registry and
+    every item stream, so the streams stop keeping what it never reads. Stop its workers first:
+    a running one registers it again."""
+    from seckill.services.stream_groups import retire
+
+    left = with_runtime(lambda rt: retire(rt.engine, group))
+    console.print(f"{group} retired: it left {left} item streams", markup=False)
 
 
 @refund_commands.command("list")

@@ -90,6 +90,7 @@ class ErrorCode(StrEnum):
     INVALID_ADMISSION = "invalid_admission"
     ITEM_ARCHIVED = "item_archived"
     ITEM_UNSETTLED = "item_unsettled"
+    INVALID_GROUP = "invalid_group"
 
 
 class ApiRefusal(StrEnum):

@@ -1,9 +1,14 @@
 """Reading every item stream through one consumer group: what each sink's worker shares (the
 persister lands entries in SQL, the bridge forwards them to a broker).
 
-The streams are found through the items registry (each stock shard has its own), and the group
-is created on each from its first entry, so a new group sees the whole stream that is left. A
-worker acknowledges an entry only once its sink has it; the group remembers what is pending.
+The streams are found through the items registry (each stock shard has its own). Every reader
+registers its group in the groups registry, and makes every registered group on each stream it
+finds, from the stream's first entry: a reader that finds a new stream first (the persister, say)
+makes the others' groups too, so its trimming never takes an entry from under a group that has
+not found the stream yet (a bridge between two looks at the registry). A group registered later
+sees the whole stream that is left. A worker acknowledges an entry only once its sink has it;
+the group remembers what is pending. A group taken out of service leaves the registry and every
+stream through ``retire_group`` (``seckill groups retire``), or the streams keep everything.
 
 On one Redis a read is one XREADGROUP over every stream, blocking while all are empty. A Redis
 Cluster refuses a command over keys of several slots, so there a read sends one XREADGROUP per
@@ -41,7 +46,7 @@ from redis.exceptions import ResponseError
 from seckill.domain.events import stream_position
 from seckill.engine.base import ShardCounts, registered_items
 from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
-from seckill.engine.keys import ItemKeys, item_keys
+from seckill.engine.keys import ItemKeys, item_keys, stream_groups_registry
 
 log = logging.getLogger(__name__)
 
@@ -124,9 +129,15 @@ class GroupReader:
 
     async def discover(self) -> None:
         """Follow the streams of every item in the registry, and let go of those whose item
-        left it (archived). The group is made with the stream if there is none yet: an item is
-        registered before it is loaded, so every running reader's group is there before its
-        first entry, and no trimming by another group can take an entry from under it."""
+        left it (archived). Each registered group (this one among them) is made on a stream
+        this reader had not followed yet, with the stream if there is none: an item is
+        registered before it is loaded, so the groups of every reader registered by then are
+        there before anything can trim what they have not read."""
+        registry = stream_groups_registry(self._prefix)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(registry, self.group)  # again each time: Redis may have come back empty
+            pipe.smembers(registry)
+            _, groups = await pipe.execute()
         registered: set[str] = set()
         for item_id in await registered_items(self._redis, self._prefix):
             for shard in range(await self._shard_counts.of(item_id)):
@@ -134,11 +145,8 @@ class GroupReader:
                 registered.add(keys.events)
                 if keys.events in self.streams:
                     continue
-                try:
-                    await self._redis.xgroup_create(keys.events, self.group, id="0", mkstream=True)
-                except ResponseError as exc:
-                    if "BUSYGROUP" not in str(exc):
-                        raise
+                for group in sorted(groups):
+                    await _create_group(self._redis, keys.events, group)
                 self.streams[keys.events] = keys
         for stream in self.streams.keys() - registered:
             del self.streams[stream]
@@ -332,6 +340,38 @@ class GroupReader:
                 for stream, name in quiet:
                     pipe.xgroup_delconsumer(stream, self.group, name)
                 await pipe.execute()
+
+
+async def _create_group(redis: RedisClient, stream: str, group: str) -> None:
+    """``group`` on ``stream`` from its first entry (and the stream, if missing), unless there."""
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+async def registered_groups(redis: RedisClient, prefix: str) -> list[str]:
+    """The groups that follow every item stream (see the module's docstring)."""
+    return sorted(cast(set[str], await redis.smembers(stream_groups_registry(prefix))))
+
+
+async def retire_group(redis: RedisClient, prefix: str, group: str) -> int:
+    """Take ``group`` out of service for good: off the registry, and off every item stream
+    (what it had not acknowledged is trimmed as the others move on). Returns the streams it
+    left. A reader of that group still running registers it again within a second."""
+    await redis.srem(stream_groups_registry(prefix), group)
+    shard_counts = ShardCounts(redis, prefix)
+    left = 0
+    for item_id in await registered_items(redis, prefix):
+        for shard in range(await shard_counts.of(item_id)):
+            try:
+                left += int(
+                    await redis.xgroup_destroy(item_keys(item_id, prefix, shard).events, group)
+                )
+            except ResponseError:  # no such stream
+                continue
+    return left
 
 
 Handle = Callable[[list[Entry]], Awaitable[int]]

@@ -91,6 +91,13 @@ def items_registry(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}:items"
 
 
+def stream_groups_registry(prefix: str) -> str:
+    """A set of the consumer groups that follow every item stream (the persister's, each
+    bridge's): every reader registers its own and makes each registered group on a stream it
+    finds, so no entry is trimmed before a group that follows the streams has it."""
+    return f"{prefix}:groups"
+
+
 @dataclass(frozen=True, slots=True)
 class QueueKeys:
     """An item's waiting room, in the item's own slot (beside its head, where the sale window is
