@@ -77,6 +77,20 @@ class ReadConfig:
     forget_consumer_idle_ms: int = 3_600_000
 
 
+# The longest pause between two tries of something failing (a sink down, a pass that raised):
+# long enough not to hammer what is down, short enough to notice it is back.
+RETRY_PAUSE_MAX_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerConfig(ReadConfig):
+    """How a consumer of the streams (the persister, a bridge) reads and retries."""
+
+    max_deliveries: int = 5  # an entry its sink refused this often is a dead letter
+    retry_pause_s: float = 0.5  # the first pause while its sink is down (doubles, capped)
+    retry_pause_max_s: float = RETRY_PAUSE_MAX_S
+
+
 class GroupReader:
     """One consumer of ``group`` on every item stream."""
 

@@ -32,7 +32,7 @@ from typing import Any, cast
 from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import BadEvent, decode_event
 from seckill.engine.cluster import RedisClient
-from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
+from seckill.engine.group_reader import ConsumerConfig, Entry, GroupReader, one_pass
 from seckill.observability import metrics
 from seckill.sinks import (
     Message,
@@ -45,14 +45,11 @@ from seckill.sinks import (
 
 log = logging.getLogger(__name__)
 
-MAX_PAUSE_S = 5.0
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BridgeConfig(ReadConfig):
-    """How the bridge reads (``ReadConfig``) and publishes."""
+class BridgeConfig(ConsumerConfig):
+    """How the bridge reads and retries (``ConsumerConfig``: the broker is its sink)."""
 
-    max_deliveries: int = 5
     retry_pause_s: float = 0.2  # first pause while the broker is unreachable (doubles, capped)
 
 
@@ -131,7 +128,7 @@ class Bridge:
                 log.warning("%s unreachable (%s); publishing again in %.1f s",
                             self._sink.name, exc, pause)  # fmt: skip
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, MAX_PAUSE_S)
+                pause = min(pause * 2, self.config.retry_pause_max_s)
             except SinkRefused as exc:
                 self._retries.inc()
                 refused = set(exc.message_ids)

@@ -12,6 +12,8 @@ import logging
 import signal
 from typing import Protocol
 
+from seckill.engine.group_reader import RETRY_PAUSE_MAX_S
+
 log = logging.getLogger(__name__)
 
 
@@ -24,7 +26,11 @@ class Worker(Protocol):
 
 
 async def run_until_stopped(
-    worker: Worker, stop: asyncio.Event, *, idle_pause: float = 0.0, max_backoff: float = 5.0
+    worker: Worker,
+    stop: asyncio.Event,
+    *,
+    idle_pause: float = 0.0,
+    max_backoff: float = RETRY_PAUSE_MAX_S,
 ) -> None:
     backoff = 0.1
     while not stop.is_set():

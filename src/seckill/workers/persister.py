@@ -44,7 +44,7 @@ from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
+from seckill.engine.group_reader import ConsumerConfig, Entry, GroupReader, one_pass
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
 from seckill.store.database import is_race, is_transient
@@ -58,16 +58,14 @@ _RACES = metrics.SQL_TRANSACTIONS.labels(result="race")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PersisterConfig(ReadConfig):
-    """How the persister reads (``ReadConfig``) and lands."""
+class PersisterConfig(ConsumerConfig):
+    """How the persister reads, retries (``ConsumerConfig``: the database is its sink) and
+    lands."""
 
     # After a part-full batch, wait this long before reading again, so that under load the next
     # batch gathers more: fewer, larger transactions (each costs a commit), an order lands at
     # most this much later.
     linger_ms: int = 20
-    max_deliveries: int = 5
-    retry_pause_s: float = 0.5  # first pause while the database is down (doubles, capped)
-    retry_pause_max_s: float = 5.0
     race_retries: int = 5  # tries of a batch a unique key refused, before it is blamed
     # A batch that takes longer is treated as an outage (a silent network drop would otherwise
     # hang the persister until TCP gives up, minutes later).
