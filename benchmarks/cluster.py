@@ -55,7 +55,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 
 from benchmarks.harness import cpu_seconds, durable_redis, redis_binary
-from seckill.bootstrap import open_runtime
+from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.domain.items import SaleItem
 from seckill.engine.keys import item_keys

@@ -62,7 +62,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from benchmarks.tcp_proxy import TcpProxy
-from seckill.bootstrap import open_runtime
+from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
 from seckill.domain.events import stream_position

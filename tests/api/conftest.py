@@ -19,12 +19,13 @@ import uvicorn
 from redis.asyncio import Redis
 
 from seckill.api.app import create_app
-from seckill.bootstrap import Runtime, open_runtime
+from seckill.bootstrap.runtime import Runtime, open_runtime
+from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
 from seckill.security.signatures import SIGNATURE_HEADER, sign
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
-from seckill.serve import WorkerKind, build_worker, listening_socket
+from seckill.serve import listening_socket
 from seckill.services.tickets import TicketGate
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped

@@ -13,10 +13,10 @@ from redis.asyncio import Redis
 from sqlalchemy.engine import make_url
 
 from benchmarks.tcp_proxy import TcpProxy
+from seckill.bootstrap.workers import WorkerKind
 from seckill.domain.rules import MAX_KEY_LEN
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
-from seckill.serve import WorkerKind
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import SERVER_BACKENDS, RedisTarget, redis_settings

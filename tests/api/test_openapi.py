@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from seckill.api.app import create_app
-from seckill.bootstrap import open_runtime
+from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 
+from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.security.tokens import Role
-from seckill.serve import WorkerKind, build_worker
 from tests.api.conftest import Api, served  # noqa: F401  (the fixture)
 from tests.chromium import CHROMIUM_ARGS, chromium_path
 

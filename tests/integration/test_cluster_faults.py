@@ -22,6 +22,7 @@ import redis
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
+from seckill.bootstrap.workers import WorkerKind
 from seckill.engine.audit import audit_item
 from seckill.engine.cluster import REDIS_UNAVAILABLE, ClusterNodes, ClusterPipeliner
 from seckill.engine.engine import RedisEngine
@@ -29,7 +30,6 @@ from seckill.engine.keys import DEFAULT_PREFIX, item_keys, items_registry
 from seckill.engine.scripts import Scripts
 from seckill.engine.streams import stream_drained
 from seckill.redis_cluster import LocalCluster
-from seckill.serve import WorkerKind
 from seckill.services.reconcile.reconciler import Reconciler
 from seckill.services.reconcile.records import compare_records
 from seckill.store.ledger import Ledger

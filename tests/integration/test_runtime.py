@@ -10,7 +10,7 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from seckill.bootstrap import open_runtime
+from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.domain.ids import MAX_WORKER_ID, WorkerIdLost
 from seckill.domain.outcomes import Outcome

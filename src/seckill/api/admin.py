@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query
 from seckill.api.auth import AdminIdentity
 from seckill.api.bodies import body_schema, strict_body
 from seckill.api.buyers import item_out
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.paths import ItemId
 from seckill.api.schemas import (
@@ -28,6 +28,7 @@ from seckill.api.schemas import (
     QueueReportOut,
     WarmOut,
 )
+from seckill.bootstrap.services import Context, archivist
 from seckill.domain.items import Stock
 from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
@@ -133,8 +134,7 @@ async def archive(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ArchiveOut:
 
 
 def _archivist(ctx: Context) -> Archivist:
-    runtime = ctx.runtime
-    return Archivist.from_settings(runtime.settings, engine=runtime.engine, ledger=ctx.ledger)
+    return archivist(ctx.runtime, ledger=ctx.ledger)
 
 
 def _stage_out(name: str, starts_at: datetime, ends_at: datetime, s: Settlement) -> ItemStageOut:

@@ -22,13 +22,13 @@ from seckill.api import (
     tickets,
     waiting_page,
 )
-from seckill.api.context import Context
 from seckill.api.errors import install_error_handlers
 from seckill.api.lean_routes import LeanRoutes
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics
 from seckill.api.request_ids import RequestIds
-from seckill.bootstrap import Runtime, open_runtime, settle_heap
+from seckill.bootstrap.runtime import Runtime, open_runtime, settle_heap
+from seckill.bootstrap.services import build_context
 from seckill.config import Settings
 from seckill.services.tickets import TicketGate
 
@@ -62,7 +62,7 @@ def create_app(
                 active = await stack.enter_async_context(open_runtime(settings))
             else:
                 active = runtime
-            app.state.context = Context.build(active, ticket_gate=ticket_gate)
+            app.state.context = build_context(active, ticket_gate=ticket_gate)
             lean_routes.context = app.state.context
             yield
 

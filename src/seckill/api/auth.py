@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.errors import ApiError
+from seckill.bootstrap.services import Context
 from seckill.domain.outcomes import ApiRefusal
 from seckill.security.tokens import Identity, InvalidToken, Role, TokenCodec
 

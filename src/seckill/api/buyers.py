@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Header, Path
 
 from seckill.api.auth import BuyerIdentity
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.errors import documented, refusal
 from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, ItemId
 from seckill.api.schemas import BuyIn, ItemOut, OrderId, OrderOut, ReservationOut
 from seckill.api.tickets import TicketHeader
+from seckill.bootstrap.services import Context
 from seckill.domain.outcomes import Outcome
 from seckill.domain.times import ms_to_datetime
 from seckill.services.items import ItemOnSale, item_on_sale

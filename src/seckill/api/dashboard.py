@@ -20,9 +20,10 @@ from pydantic import BaseModel, Field
 
 from seckill import __version__
 from seckill.api.auth import AdminIdentity
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.schemas import Counters
+from seckill.bootstrap.services import Context
 from seckill.domain.rules import MAX_ID
 from seckill.pages import PAGE_HEADERS, inline, static_text, uplot_fields
 from seckill.services.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot

@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.schemas import HealthOut
+from seckill.bootstrap.services import Context
 
 router = APIRouter(tags=["health"])
 Ctx = Annotated[Context, Depends(context)]

@@ -39,7 +39,6 @@ from seckill.api.admission import RETRY_AFTER, Admission
 from seckill.api.auth import authorize, bearer_token
 from seckill.api.bodies import parse_body
 from seckill.api.buyers import item_out
-from seckill.api.context import Context
 from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal
 from seckill.api.metrics import record_request
 from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, QUEUE_ROUTE, TICKET_ROUTE, route_pattern
@@ -57,6 +56,7 @@ from seckill.api.responses import (
 )
 from seckill.api.schemas import BuyIn, ReservationOut
 from seckill.api.tickets import ticket_out
+from seckill.bootstrap.services import Context
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ApiRefusal
 from seckill.domain.rules import MAX_ID

@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.paths import PURCHASE_PATH, PURCHASE_ROUTE
+from seckill.bootstrap.services import Context
 from seckill.domain.outcomes import Outcome
 from seckill.engine.streams import refresh_stream_gauges
 from seckill.observability import metrics

@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from seckill.api.bodies import body_schema, parse_body
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.schemas import PaymentNoticeIn, PaymentOut
+from seckill.bootstrap.services import Context
 from seckill.security.signatures import SIGNATURE_HEADER, verify_signature
 
 router = APIRouter(prefix="/api/v1/payments", tags=["payments"])

@@ -8,10 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from seckill.api.auth import AdminIdentity
-from seckill.api.context import Context, context
+from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.paths import ItemId
 from seckill.api.schemas import RefundOut, RefundPageOut
+from seckill.bootstrap.services import Context
 from seckill.domain.money import RefundState
 from seckill.domain.rules import MAX_ID
 from seckill.services.refunds import MAX_PAGE, list_refunds, mark_refunded

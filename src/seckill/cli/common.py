@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 if TYPE_CHECKING:
-    from seckill.bootstrap import Runtime
+    from seckill.bootstrap.runtime import Runtime
     from seckill.config import Settings
 
 console = Console()
@@ -75,7 +75,7 @@ def abort(message: object, code: int = 2) -> NoReturn:
 
 def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     """Run ``work`` with everything wired from the settings; a refusal is a clear error."""
-    from seckill.bootstrap import open_runtime
+    from seckill.bootstrap.runtime import open_runtime
     from seckill.domain.outcomes import InvalidRequest
     from seckill.services.items import UnknownItem
 

@@ -14,7 +14,7 @@ from seckill.cli.common import abort, console, current_settings, setting_default
 from seckill.domain.rules import MAX_STOCK_SHARDS
 
 if TYPE_CHECKING:
-    from seckill.bootstrap import Runtime
+    from seckill.bootstrap.runtime import Runtime
     from seckill.services.archive import Archiving, Archivist
     from seckill.services.dead_letters import Settled
     from seckill.services.item_cache import ItemCache
@@ -36,9 +36,9 @@ group_commands = typer.Typer(
 
 
 def item_cache(runtime: Runtime) -> ItemCache:
-    from seckill.services.item_cache import ItemCache
+    from seckill.bootstrap.services import item_cache
 
-    return ItemCache.from_settings(runtime.settings, engine=runtime.engine, source=runtime.ledger)
+    return item_cache(runtime, source=runtime.ledger)
 
 
 @commands.command()
@@ -161,9 +161,10 @@ def item_warm(
 
 
 def archivist(runtime: Runtime) -> Archivist:
-    from seckill.services.archive import Archivist
 
-    return Archivist.from_settings(runtime.settings, engine=runtime.engine, ledger=runtime.ledger)
+    from seckill.bootstrap.services import archivist
+
+    return archivist(runtime)
 
 
 @item_commands.command("list")

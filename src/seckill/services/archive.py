@@ -27,7 +27,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from seckill.config import Settings
 from seckill.domain.items import ItemRecord
 from seckill.domain.lifecycle import Hindrance, Stage, Unsettled, stage
 from seckill.engine.engine import RedisEngine
@@ -78,11 +77,6 @@ class Archivist:
         self._ledger = ledger
         self._grace = grace
         self._reconciler = Reconciler(engine, ledger, grace_ms=NEVER_OVERDUE_MS)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, engine: RedisEngine, ledger: Ledger) -> Archivist:
-        grace = timedelta(seconds=settings.archive_grace_seconds)
-        return cls(engine=engine, ledger=ledger, grace=grace)
 
     async def due(self) -> list[int]:
         """The items to archive now, if settled: those in the registry whose sale ended a grace

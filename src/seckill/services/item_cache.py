@@ -38,7 +38,6 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from redis.exceptions import RedisError
 
-from seckill.config import Settings
 from seckill.domain.items import ItemRecord
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.cluster import RedisClient
@@ -206,21 +205,6 @@ class ItemCache:
         self._sql_turns = asyncio.Semaphore(max_sql_loads)
         self._stock = _SharedReads(self._available)
         self.stats = ItemCacheStats()
-
-    @classmethod
-    def from_settings(
-        cls, settings: Settings, *, engine: RedisEngine, source: ItemSource
-    ) -> ItemCache:
-        return cls(
-            engine=engine,
-            source=source,
-            local_seconds=settings.item_cache_local_seconds,
-            redis_seconds=settings.item_cache_redis_seconds,
-            jitter_seconds=settings.item_cache_jitter_seconds,
-            absent_seconds=settings.item_absent_seconds,
-            # Cards stop expiring one TTL before the sale: the crowd arrives before the start.
-            sale_lead_seconds=settings.item_cache_redis_seconds,
-        )
 
     # -- reading ---------------------------------------------------------------------------------
 

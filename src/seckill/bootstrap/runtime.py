@@ -1,4 +1,5 @@
-"""The one place that wires Redis, the scripts and the engine together."""
+"""The runtime: Redis (or the embedded one), the scripts, the engine, order ids and the SQL
+ledgers, wired from the settings and closed together."""
 
 from __future__ import annotations
 

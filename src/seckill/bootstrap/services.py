@@ -1,0 +1,93 @@
+"""What the API's routes and the commands work with: the services, wired from a Runtime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from seckill.bootstrap.runtime import Runtime
+from seckill.engine.queues import Queues
+from seckill.security.passes import PassCodec
+from seckill.security.signatures import payment_secret
+from seckill.security.tickets import TicketCodec, ticket_secret
+from seckill.security.tokens import TokenCodec, token_codec
+from seckill.services.archive import Archivist
+from seckill.services.item_cache import ItemCache, ItemSource
+from seckill.services.orders import OrderBook
+from seckill.services.purchases import Purchases
+from seckill.services.tickets import TicketGate, TicketOffice
+from seckill.services.waiting_room import WaitingRoom
+from seckill.store.ledger import Ledger
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """What the routes work with, built once per app (``build_context``)."""
+
+    runtime: Runtime
+    ledger: Ledger  # the request ledger: SQL that does not answer in time is a 503
+    purchases: Purchases
+    orders: OrderBook
+    item_cache: ItemCache
+    tokens: TokenCodec
+    payment_secret: bytes
+    tickets: TicketOffice
+    waiting_room: WaitingRoom | None  # with SECKILL_WAITING_ROOM
+
+
+def build_context(runtime: Runtime, *, ticket_gate: TicketGate | None = None) -> Context:
+    """``ticket_gate`` stands in front of ticket issuance (a captcha); without one, the waiting
+    room does when the settings ask for it, else everyone is admitted."""
+    settings = runtime.settings
+    secret = ticket_secret(settings)
+    waiting_room = None
+    if settings.waiting_room:
+        waiting_room = WaitingRoom(
+            queues=Queues(runtime.engine),
+            codec=PassCodec(secret),
+            open_lead_ms=settings.queue_open_seconds * 1000,
+            front_ttl_ms=int(settings.queue_front_seconds * 1000),
+        )
+    return Context(
+        runtime=runtime,
+        ledger=runtime.request_ledger,
+        purchases=Purchases(
+            runtime.engine,
+            runtime.order_ids,
+            sold_out_recheck_ms=settings.sold_out_recheck_ms,
+        ),
+        orders=OrderBook(engine=runtime.engine, ledger=runtime.request_ledger),
+        item_cache=item_cache(runtime, source=runtime.request_ledger),
+        tokens=token_codec(settings),
+        payment_secret=payment_secret(settings),
+        tickets=TicketOffice(
+            engine=runtime.engine,
+            codec=TicketCodec(secret),
+            gate=ticket_gate or waiting_room,
+            ttl_ms=settings.ticket_ttl_seconds * 1000,
+            lead_ms=settings.ticket_lead_seconds * 1000,
+        ),
+        waiting_room=waiting_room,
+    )
+
+
+def item_cache(runtime: Runtime, *, source: ItemSource) -> ItemCache:
+    """Items as buyers see them, read from ``source`` (the API's bounded ledger, or a
+    command's)."""
+    settings = runtime.settings
+    return ItemCache(
+        engine=runtime.engine,
+        source=source,
+        local_seconds=settings.item_cache_local_seconds,
+        redis_seconds=settings.item_cache_redis_seconds,
+        jitter_seconds=settings.item_cache_jitter_seconds,
+        absent_seconds=settings.item_absent_seconds,
+        # Cards stop expiring one TTL before the sale: the crowd arrives before the start.
+        sale_lead_seconds=settings.item_cache_redis_seconds,
+    )
+
+
+def archivist(runtime: Runtime, *, ledger: Ledger | None = None) -> Archivist:
+    """Archiving, on ``ledger`` (default: the runtime's own)."""
+    grace = timedelta(seconds=runtime.settings.archive_grace_seconds)
+    return Archivist(engine=runtime.engine, ledger=ledger or runtime.ledger, grace=grace)
