@@ -1,4 +1,5 @@
-"""Stream events: what the scripts append to an item's stream, decoded and checked.
+"""Stream events: what the scripts append to an item's stream, decoded and checked, and encoded
+again for an event put back on a stream (recovery).
 
 The field names are the ones the Lua scripts write (``event``, ``item_id``, ``order_id``...).
 A malformed entry raises :class:`BadEvent` with a readable reason; it never lands half-read.
@@ -137,3 +138,30 @@ def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> St
         idempotency_key=get("key") or None,
         transfer_id=get("transfer_id") or None,
     )
+
+
+ORDER_EVENTS = frozenset(
+    {EventKind.RESERVED, EventKind.PAID, EventKind.RELEASED, EventKind.REFUND_REQUIRED}
+)
+
+
+def encode_order_event(event: StockEvent) -> dict[str, str]:
+    """The fields of the stream entry an order event was, as the scripts write them: the inverse
+    of :func:`decode_event` for the events recovery puts back (the entry id and shard are the
+    entry's place, not its fields). Item and transfer events carry fields a StockEvent does not
+    keep, so they are refused."""
+    if event.kind not in ORDER_EVENTS:
+        raise ValueError(f"a {event.kind} event is not an order event")
+    fields = {"event": str(event.kind), "item_id": str(event.item_id), "at_ms": str(event.at_ms)}
+    present = {
+        "order_id": event.order_id,
+        "buyer": event.buyer,
+        "quantity": event.quantity,
+        "deadline_ms": event.deadline_ms,
+        "reason": event.reason,
+        "payment_id": event.payment_id,
+    }
+    fields |= {name: str(value) for name, value in present.items() if value is not None}
+    if event.kind is EventKind.RESERVED:  # reserve.lua writes both, "" for none
+        fields |= {"request_id": event.request_id or "", "key": event.idempotency_key or ""}
+    return fields

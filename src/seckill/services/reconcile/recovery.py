@@ -26,8 +26,16 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from datetime import UTC, datetime
+from functools import partial
 
-from seckill.domain.events import EventKind, stream_position
+from seckill.domain.events import (
+    EventKind,
+    RefundReason,
+    ReleaseReason,
+    StockEvent,
+    encode_order_event,
+    stream_position,
+)
 from seckill.domain.items import Stock
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
@@ -194,25 +202,31 @@ async def _give_back_events(engine: RedisEngine, item_id: int, book: ItemBook) -
 def _entry_fields(
     item_id: int, row: JournalRow, book: ItemBook, refund: RefundRecord | None
 ) -> dict[str, str] | None:
-    """The fields of the stream entry an order event was, as the scripts wrote them; None for an
-    event no broker is sent (loaded, transfers) or one whose order SQL lacks."""
+    """The fields of the stream entry an order event was (``encode_order_event``); None for an event
+    no broker is sent (loaded, transfers) or one whose order SQL lacks."""
     order = book.orders.get(row.order_id) if row.order_id is not None else None
     if order is None:
         return None
-    fields = {"event": str(row.event), "item_id": str(item_id), "order_id": str(order.order_id),
-              "buyer": order.buyer, "quantity": str(row.quantity or order.quantity),
-              "at_ms": str(row.at_ms)}  # fmt: skip
+    event = partial(
+        StockEvent, event_id=row.event_id, shard=row.shard, kind=row.event, item_id=item_id,
+        at_ms=row.at_ms, order_id=order.order_id, buyer=order.buyer,
+        quantity=row.quantity or order.quantity,
+    )  # fmt: skip
     match row.event:
         case EventKind.RESERVED:
             deadline = datetime_to_ms(order.deadline_at) if order.deadline_at else 0
-            return fields | {"deadline_ms": str(deadline), "request_id": order.request_id or "",
-                             "key": order.idempotency_key or ""}  # fmt: skip
+            return encode_order_event(
+                event(deadline_ms=deadline, request_id=order.request_id,
+                      idempotency_key=order.idempotency_key)
+            )  # fmt: skip
         case EventKind.PAID if order.payment_id is not None:
-            return fields | {"payment_id": order.payment_id}
+            return encode_order_event(event(payment_id=order.payment_id))
         case EventKind.RELEASED:
-            return fields | {"reason": row.reason or order.release_reason or "expired"}
+            why = ReleaseReason(row.reason or order.release_reason or ReleaseReason.EXPIRED)
+            return encode_order_event(event(reason=why))
         case EventKind.REFUND_REQUIRED if refund is not None:
-            return fields | {"reason": refund.reason, "payment_id": refund.payment_id}
+            owed = RefundReason(refund.reason)
+            return encode_order_event(event(reason=owed, payment_id=refund.payment_id))
     return None
 
 
