@@ -636,7 +636,7 @@ async def delivered_events(url: str) -> tuple[dict[str, tuple[str, str]], int]:
         while True:
             try:
                 batch = await reader.fetch(500, timeout=2)
-            except nats.errors.TimeoutError:  # nothing more
+            except TimeoutError:  # nothing more (nats-py raises its own, or asyncio's)
                 return seen, copies
             for message in batch:
                 await message.ack()

@@ -201,7 +201,7 @@ class Nats:
                 wait = QUIET_S if len(got) >= count else 1.0
                 try:
                     batch = await reader.fetch(wanted, timeout=wait)
-                except nats.errors.TimeoutError:
+                except TimeoutError:  # nats-py raises its own, or asyncio's
                     if len(got) >= count:
                         break
                     continue

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from seckill.redis_cluster import LocalCluster
 from seckill.store.ledger import Ledger
@@ -73,7 +73,18 @@ async def test_a_lagging_replica_promoted_sells_nothing_twice(
             replica.send_signal(signal.SIGSTOP)
             with redis.Redis(port=victim) as master:  # what was in flight to it is dropped
                 master.execute_command("CLIENT", "KILL", "TYPE", "replica")  # type: ignore[no-untyped-call]
-            await asyncio.sleep(1.0)  # the master answers (fast) and the persister lands
+                known_to_replica = int(master.hlen(api.runtime.engine.keys(plain).holds))
+
+            async def landed_past_the_replica() -> bool:
+                """The master answered (fast) and the persister landed orders the replica never
+                got: a few more than the master held when the link was cut."""
+                async with api.runtime.ledger.engine.connect() as conn:
+                    count = select(func.count()).where(Order.item_id == plain)
+                    landed = int((await conn.execute(count)).scalar_one())
+                return landed >= known_to_replica + 3
+
+            # Not a fixed pause: on a busy machine the persister may land nothing in one.
+            await wait_until(landed_past_the_replica, 30, "orders landed past the replica")
             cluster.node_at(victim).kill()
             replica.send_signal(signal.SIGCONT)
             await wait_until(three_primaries, 30, "the lagging replica took over")
