@@ -334,8 +334,11 @@ def groups_list() -> None:
     """The registered groups: each is made on every item stream, and trimming waits for it."""
     from seckill.services.stream_groups import list_groups
 
-    for group in with_runtime(lambda rt: list_groups(rt.engine)):
+    groups = with_runtime(lambda rt: list_groups(rt.engine))
+    for group in groups:
         console.print(group, markup=False)
+    if not groups:  # a reader registers its group as it starts
+        console.print("no group registered yet: no persister or bridge has run")
 
 
 @group_commands.command("retire")
