@@ -58,7 +58,7 @@ from benchmarks.harness import cpu_seconds, durable_redis, redis_binary
 from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.domain.items import SaleItem
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.redis_cluster import LocalCluster
 
 TOTAL = 10**9  # never sells out
@@ -118,7 +118,7 @@ async def spread_items(url: str, cluster_mode: bool, count: int) -> dict[int, st
         item_id = 0
         while len(by_node) < masters or min(map(len, by_node.values())) < -(-count // masters):
             item_id += 1
-            node = client.get_node_from_key(item_keys(item_id).item)
+            node = client.get_node_from_key(item_keys(item_id, DEFAULT_PREFIX).item)
             assert node is not None
             by_node.setdefault(node.name, []).append(item_id)
     finally:
@@ -135,7 +135,7 @@ async def evenly_sharded_item(url: str, shards: int) -> int:
         masters = len(client.get_primaries())
         for item_id in range(1, 100_000):
             nodes = Counter(
-                client.get_node_from_key(item_keys(item_id, shard=s).item).name  # type: ignore[union-attr]
+                client.get_node_from_key(item_keys(item_id, DEFAULT_PREFIX, shard=s).item).name  # type: ignore[union-attr]
                 for s in range(shards)
             )
             if len(nodes) == min(masters, shards) and max(nodes.values()) == -(-shards // masters):

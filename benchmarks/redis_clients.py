@@ -168,7 +168,7 @@ async def drive(call: Call, *, calls: int, seconds: float | None, concurrency: i
 
 def raw_call(evalsha: EvalSha, sha: str, item_id: int) -> Call:
     """The EVALSHA ``RedisEngine.reserve`` sends, built by hand, as strings for every client."""
-    keys = item_keys(item_id)
+    keys = item_keys(item_id, DEFAULT_PREFIX)
     fixed = keys.all_fixed()
     item, ttl = str(item_id), str(IDEMPOTENCY_TTL_MS)
 

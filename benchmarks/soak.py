@@ -67,7 +67,7 @@ from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
 from seckill.domain.events import stream_position
 from seckill.domain.orders import OrderStatus
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.redis_cluster import LocalCluster, free_cluster_port
 from seckill.redis_server import die_with_parent
 from seckill.services.reconcile.records import audit_records
@@ -555,7 +555,7 @@ class Chaos:
         AOF as it was ``REWIND_S`` earlier. Its replica is kept from taking over meanwhile, and
         then copies the rewound master."""
         async with self.redis_turn:
-            slot = key_slot(item_keys(self.item_id).item.encode())
+            slot = key_slot(item_keys(self.item_id, DEFAULT_PREFIX).item.encode())
             roles = await asyncio.to_thread(self.roles)
             port = await asyncio.to_thread(slot_owner, self.d.cluster, slot)
             replica = next(p for p, r in roles.items() if r[0] == "slave" and int(r[2]) == port)
@@ -692,7 +692,10 @@ async def verdicts(
     unpaid = [s.order_id for s in not_paid if not lost_with_redis(cast(float, s.paid_at))]
     delivered, copies = await delivered_events(deployment.nats.url)
     wanted = {(str(r.order_id), str(r.event)) for r in journal}
-    journaled = {message_id(item_keys(item_id, shard=r.shard).events, r.event_id) for r in journal}
+    journaled = {
+        message_id(item_keys(item_id, DEFAULT_PREFIX, shard=r.shard).events, r.event_id)
+        for r in journal
+    }
     # A message the bridge published of a write Redis then lost (the fast durability's loss):
     # SQL never journaled it; the write redone (a hold released again) is a second message.
     phantoms = {

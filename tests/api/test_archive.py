@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from seckill.engine.keys import items_registry
+from seckill.engine.keys import DEFAULT_PREFIX, items_registry
 from tests.api.conftest import Api
 from tests.polling import wait_until
 
@@ -44,7 +44,7 @@ async def test_an_item_archived_through_the_api_is_answered_from_sql(served: Api
 
     await wait_until(archived, 15, "archived once the release landed")
     redis = served.runtime.redis
-    assert str(item_id) not in await redis.smembers(items_registry())  # type: ignore[misc]
+    assert str(item_id) not in await redis.smembers(items_registry(DEFAULT_PREFIX))  # type: ignore[misc]
     listed = await served.http.get("/api/v1/admin/items", headers=served.as_admin)
     [row] = [r for r in listed.json() if r["item_id"] == item_id]
     assert (row["stage"], row["unsettled"]) == ("archived", [])

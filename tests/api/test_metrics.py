@@ -31,7 +31,7 @@ from seckill.api.metrics import HttpMetrics
 from seckill.api.paths import PURCHASE_ROUTE
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.observability import metrics
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
@@ -223,7 +223,7 @@ async def test_stream_gauges_of_another_consumer_group(api: Api, redis: Redis) -
     item_id = await api.create_item(total=5)
     for n in range(2):
         assert (await api.buy(item_id, f"buyer-{n}", "k")).status_code == 202
-    stream = item_keys(item_id).events  # loaded, reserved, reserved
+    stream = item_keys(item_id, DEFAULT_PREFIX).events  # loaded, reserved, reserved
     await redis.xgroup_create(stream, "audit", id="0")
     await redis.xreadgroup("audit", "auditor", {stream: ">"}, count=1)
     samples = await scrape(api)

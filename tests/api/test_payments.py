@@ -9,7 +9,7 @@ import time
 import pytest
 
 from seckill.domain.holds import HoldState
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.redis_variants("redis7")
@@ -163,7 +163,7 @@ async def test_a_notice_naming_another_item_is_404_and_changes_nothing(api: Api)
     assert answer.status_code == 404, answer.text
     assert answer.json()["error"] == "unknown_order"
     assert (await state(api, item_id, order_id), await state(api, other, order_id)) == before
-    assert not await api.runtime.redis.hexists(item_keys(other).payments, "pay-1")
+    assert not await api.runtime.redis.hexists(item_keys(other, DEFAULT_PREFIX).payments, "pay-1")
     # The notice under its own item still pays, once.
     assert (await api.pay(item_id, order_id, "pay-1")).json()["outcome"] == "paid"
 

@@ -146,7 +146,7 @@ async def test_a_settled_sale_leaves_redis_and_sql_answers_for_it(
 
     assert (done.stage, done.removed, done.hindrances) == (Stage.ARCHIVED, True, [])
     assert await keys_of(redis, item_id) == []
-    assert str(item_id) not in await redis.smembers(items_registry())  # type: ignore[misc]
+    assert str(item_id) not in await redis.smembers(items_registry(DEFAULT_PREFIX))  # type: ignore[misc]
     assert item_id not in await engine.item_ids()
     settlement = await archive.settlement(item_id)
     assert settlement.stage is Stage.ARCHIVED and settlement.archived_at is not None
@@ -533,7 +533,7 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
                 archived_mid += bool(await keys_of(redis, item_id))
                 assert all(c.ok for c in await audit_records(engine, ledger, item_id))
     for item_id in items:  # the killed processes' leases lapse (here: at once)
-        await redis.delete(upkeep_lock_key(f"archive:{item_id}"))
+        await redis.delete(upkeep_lock_key(f"archive:{item_id}", DEFAULT_PREFIX))
         assert (await archivist(engine, ledger).archive(item_id)).removed
         assert await keys_of(redis, item_id) == []
         assert await ledger.stock(item_id) == Stock(total=10, available=6, held=0, sold=4)

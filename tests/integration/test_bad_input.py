@@ -18,7 +18,7 @@ from seckill.domain import rules
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import item_pattern
+from seckill.engine.keys import DEFAULT_PREFIX, item_pattern
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
 from tests.conftest import open_item, pay
@@ -35,7 +35,7 @@ async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
 
 async def snapshot(raw: Redis) -> dict[bytes, bytes]:
     """Every key of item 1, serialized by Redis itself."""
-    keys = sorted([k async for k in raw.scan_iter(match=item_pattern(1))])
+    keys = sorted([k async for k in raw.scan_iter(match=item_pattern(1, DEFAULT_PREFIX))])
     assert keys, "the snapshot found no keys to compare"
     return {k: await raw.dump(k) for k in keys}
 

@@ -115,7 +115,7 @@ async def sale(api: Api, buyers: list[Buyer], *, pace_s: float) -> None:
 def owner_port(api: Api, item_id: int) -> int:
     """The port of the master that holds the item."""
     assert isinstance(api.runtime.redis, RedisCluster)
-    return owner(api.runtime.redis, item_keys(item_id).item)
+    return owner(api.runtime.redis, item_keys(item_id, DEFAULT_PREFIX).item)
 
 
 async def one_item_per_master(api: Api, total: int) -> dict[int, int]:
@@ -230,7 +230,7 @@ async def test_a_live_items_slot_moves_to_another_master_mid_sale(
         short_hold = await api.create_item(total=10, limit=1, hold_seconds=1)
         source = owner_port(api, item_id)
         target = next(p for p in cluster.primary_ports() if p != source)
-        slot = key_slot(item_keys(item_id).item.encode())
+        slot = key_slot(item_keys(item_id, DEFAULT_PREFIX).item.encode())
         buyers = [Buyer(item_id, f"b{n}") for n in range(BUYERS)]
         moved = 0
 
@@ -256,7 +256,7 @@ async def test_a_live_items_slot_moves_to_another_master_mid_sale(
         # The reaper still releases holds after a move: an item's holds expire on their node.
         await asyncio.to_thread(
             cluster.move_slot,
-            key_slot(item_keys(short_hold).item.encode()),
+            key_slot(item_keys(short_hold, DEFAULT_PREFIX).item.encode()),
             next(p for p in cluster.primary_ports() if p != owner_port(api, short_hold)),
         )
 
@@ -292,7 +292,7 @@ async def test_the_reaper_reaps_the_live_masters_while_one_is_down(
         item_id = 0
         while len(by_port) < 3:
             item_id += 1
-            by_port.setdefault(owner(client, item_keys(item_id).item), item_id)
+            by_port.setdefault(owner(client, item_keys(item_id, DEFAULT_PREFIX).item), item_id)
         for item in by_port.values():
             await engine.load_item(open_item(item, total=2, hold_ms=1_000))
             held = await engine.reserve(
@@ -301,7 +301,7 @@ async def test_the_reaper_reaps_the_live_masters_while_one_is_down(
             assert held.accepted
         clock.advance(1_000)  # every hold is due
         # Neither the node the client started from nor the registry's: they are not the point.
-        spared = {owner(client, items_registry()), int(cluster.url.rsplit(":", 1)[1])}
+        spared = {owner(client, items_registry(DEFAULT_PREFIX)), int(cluster.url.rsplit(":", 1)[1])}
         down = next(port for port in by_port if port not in spared)
         for port in cluster.ports:
             with redis.Redis(port=port) as node:

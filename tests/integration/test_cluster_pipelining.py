@@ -44,7 +44,7 @@ async def engine_on(
 
 
 def nodes_of(cluster: RedisCluster) -> set[str]:
-    return {cluster.get_node_from_key(item_keys(i).item).name for i in ITEMS}
+    return {cluster.get_node_from_key(item_keys(i, DEFAULT_PREFIX).item).name for i in ITEMS}
 
 
 async def test_each_call_joins_the_batch_of_its_own_node(
@@ -81,7 +81,7 @@ async def test_a_script_lost_by_one_primary_is_loaded_again_on_every_primary(
     engine = await engine_on(cluster_redis, pipeliner)
     for item_id in ITEMS:
         await engine.load_item(open_item(item_id, total=5))
-    lost_on = cluster_redis.get_node_from_key(item_keys(1).item)
+    lost_on = cluster_redis.get_node_from_key(item_keys(1, DEFAULT_PREFIX).item)
     await cluster_redis.execute_command("SCRIPT FLUSH", target_nodes=lost_on)  # as on a promotion
     sha = Scripts(cluster_redis)[ScriptName.RESERVE].sha
     assert await cluster_redis.execute_command("SCRIPT EXISTS", sha, target_nodes=lost_on) == [
@@ -120,7 +120,7 @@ async def test_a_durable_write_waits_for_the_replica_of_its_own_node(
             await replica.execute_command("READONLY")
             for item_id in ITEMS:
                 try:
-                    held = await replica.hget(item_keys(item_id).item, "held")
+                    held = await replica.hget(item_keys(item_id, DEFAULT_PREFIX).item, "held")
                 except MovedError:  # another primary's slot
                     continue
                 held_on_replicas[item_id] = str(held)

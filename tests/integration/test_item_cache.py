@@ -214,9 +214,9 @@ async def test_unknown_ids_query_sql_once_per_id_per_absence_ttl(
     assert max(per_id.values()) == 1
     assert sum(f["sql"] for f in found) == 200
     assert summed(found, "answers") == {(i, None, None): 25 for i in unknown}
-    card = json.loads(await redis.get(item_card_key(unknown[0])))
+    card = json.loads(await redis.get(item_card_key(unknown[0], DEFAULT_PREFIX)))
     assert card["absent"] is True
-    assert 0 < await redis.pttl(item_card_key(unknown[0])) <= 60_000
+    assert 0 < await redis.pttl(item_card_key(unknown[0], DEFAULT_PREFIX)) <= 60_000
 
 
 # -- one process: the lock, stale cards, the TTLs -------------------------------------------------
@@ -240,7 +240,7 @@ async def test_a_lock_left_by_a_dead_owner_lapses_and_another_loader_proceeds(
     engine: RedisEngine, ledger: Ledger, redis: Redis
 ) -> None:
     record = await create(ledger)
-    lock = item_card_lock_key(record.item_id)
+    lock = item_card_lock_key(record.item_id, DEFAULT_PREFIX)
     # A loader took the lock and died: nobody will release it, it lapses after 300 ms.
     await redis.set(lock, "dead-owner", px=300)
     sql = SqlCounter(ledger.engine)
@@ -255,7 +255,9 @@ async def test_a_lock_left_by_a_dead_owner_lapses_and_another_loader_proceeds(
     assert sql.total == 1
     assert cache.stats.sql_loads == 1 and cache.stats.unlocked_loads == 0
     assert cache.stats.lock_waits == 1 and cache.stats.coalesced == 99
-    assert await redis.get(item_card_key(record.item_id)) is not None  # the new owner wrote it
+    assert (
+        await redis.get(item_card_key(record.item_id, DEFAULT_PREFIX)) is not None
+    )  # the new owner wrote it
     assert await redis.exists(lock) == 0  # and released its lock
 
 
@@ -263,7 +265,7 @@ async def test_a_reader_never_waits_on_a_stuck_lock_longer_than_its_wait(
     engine: RedisEngine, ledger: Ledger, redis: Redis
 ) -> None:
     record = await create(ledger)
-    lock = item_card_lock_key(record.item_id)
+    lock = item_card_lock_key(record.item_id, DEFAULT_PREFIX)
     await redis.set(lock, "stuck-owner", px=60_000)  # alive, but its load never ends
     cache = make_cache(engine, ledger, wait_seconds=0.3, poll_seconds=0.02)
 
@@ -272,7 +274,7 @@ async def test_a_reader_never_waits_on_a_stuck_lock_longer_than_its_wait(
     assert 0.3 <= time.monotonic() - started < 2
     assert cache.stats.unlocked_loads == 1 and cache.stats.sql_loads == 1
     # Only the lock's owner writes the card: this load might be older than the owner's.
-    assert await redis.get(item_card_key(record.item_id)) is None
+    assert await redis.get(item_card_key(record.item_id, DEFAULT_PREFIX)) is None
     assert await redis.get(lock) == "stuck-owner"
 
 
@@ -282,7 +284,7 @@ async def test_a_stale_card_is_served_while_another_process_reloads_it(
     old = await create(ledger)
     await make_cache(engine, ledger).refresh(old.item_id)
     # Time passed: 5 s are left of the card's TTL, within its stale last stretch (one TTL).
-    await redis.pexpire(item_card_key(old.item_id), 5_000)
+    await redis.pexpire(item_card_key(old.item_id, DEFAULT_PREFIX), 5_000)
     await rename(ledger, old.item_id, "Renamed")
     slow = GatedSource(ledger)
     loader = make_cache(engine, slow)  # a process whose SQL load is slow
@@ -310,7 +312,9 @@ async def test_a_stale_card_is_served_at_once_while_sql_turns_are_all_taken(
 ) -> None:
     busy, stale = await create(ledger), await create(ledger)
     await make_cache(engine, ledger).refresh(stale.item_id)
-    await redis.pexpire(item_card_key(stale.item_id), 5_000)  # in its stale last stretch
+    await redis.pexpire(
+        item_card_key(stale.item_id, DEFAULT_PREFIX), 5_000
+    )  # in its stale last stretch
     slow = GatedSource(ledger)
     cache = make_cache(engine, slow, max_sql_loads=1)
 
@@ -355,7 +359,7 @@ async def test_an_absent_id_is_asked_of_sql_again_once_its_absence_expires(
     assert await make_cache(engine, ledger).record(unknown) is None  # another process: Redis
     assert await cache.record(unknown) is None  # memory
     assert sql.per_id[unknown] == 1
-    assert 0 < await redis.pttl(item_card_key(unknown)) <= 1_000
+    assert 0 < await redis.pttl(item_card_key(unknown, DEFAULT_PREFIX)) <= 1_000
 
     await asyncio.sleep(1.1)
     assert await cache.record(unknown) is None
@@ -394,7 +398,7 @@ async def test_a_card_does_not_expire_during_its_sale(
     record = await create(ledger, _window(starts_in, ends_in))
     await make_cache(engine, ledger).refresh(record.item_id)
 
-    ttl_ms = await redis.pttl(item_card_key(record.item_id))
+    ttl_ms = await redis.pttl(item_card_key(record.item_id, DEFAULT_PREFIX))
     usual_ms = (REDIS_SECONDS + JITTER_SECONDS + REDIS_SECONDS) * 1000  # fresh, jitter, stale
     if outlasts_the_sale:
         assert ttl_ms > ends_in.total_seconds() * 1000
@@ -499,15 +503,19 @@ async def test_seckill_warm_loads_every_item_not_ended_with_its_card(
     assert "loaded" in rows[now.item_id]
     for record in (now, later):
         assert await engine.stock(record.item_id) is not None
-    assert await redis.pttl(item_card_key(now.item_id)) > 3_600_000  # outlasts its sale
-    assert 0 < await redis.pttl(item_card_key(later.item_id)) <= 135_000  # starts in a day
+    assert (
+        await redis.pttl(item_card_key(now.item_id, DEFAULT_PREFIX)) > 3_600_000
+    )  # outlasts its sale
+    assert (
+        0 < await redis.pttl(item_card_key(later.item_id, DEFAULT_PREFIX)) <= 135_000
+    )  # starts in a day
     assert await engine.stock(ended.item_id) is None
-    assert await redis.exists(item_card_key(ended.item_id)) == 0
+    assert await redis.exists(item_card_key(ended.item_id, DEFAULT_PREFIX)) == 0
 
     # Selling already: kept as it is (its holds stay), and still given its card.
     await engine.reserve(now.item_id, buyer="carol", quantity=1, idempotency_key="k", order_id=1)
-    await redis.delete(item_card_key(now.item_id))
+    await redis.delete(item_card_key(now.item_id, DEFAULT_PREFIX))
     again = await asyncio.to_thread(seckill_warm)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "item_active" in again.stdout
-    assert await redis.exists(item_card_key(now.item_id)) == 1
+    assert await redis.exists(item_card_key(now.item_id, DEFAULT_PREFIX)) == 1

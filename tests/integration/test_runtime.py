@@ -14,7 +14,7 @@ from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.domain.ids import MAX_WORKER_ID, WorkerIdLost
 from seckill.domain.outcomes import Outcome
-from seckill.engine.keys import worker_id_key
+from seckill.engine.keys import DEFAULT_PREFIX, worker_id_key
 from seckill.engine.scripts import Scripts
 from seckill.engine.worker_ids import NoFreeWorkerId, WorkerIdLease
 from seckill.redis_server import RedisServer, RedisServerError, bundled_redis_server, server_version
@@ -126,7 +126,7 @@ async def test_the_lease_is_kept_alive_in_the_background(
     async with open_runtime(settings) as runtime:
         await asyncio.sleep(3.5)  # longer than the lease: only renewals keep it
         assert runtime.order_ids.next() > 0
-        key = worker_id_key(runtime.order_ids.worker_id)
+        key = worker_id_key(runtime.order_ids.worker_id, DEFAULT_PREFIX)
         assert await runtime.redis.exists(key)
     async with client_of(redis_server) as client:
         assert not await client.exists(key)  # dropped on exit

@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks.tcp_proxy import TcpProxy
 from seckill.domain.events import EventKind, decode_event
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.sinks import (
     Message,
     OrderEventBody,
@@ -43,7 +43,7 @@ def sale_messages(orders: int, *, first_ms: int = 1_714_564_800_000) -> list[Mes
     messages: list[Message] = []
     for n in range(orders):
         item_id, shard = (7, 2) if n % 4 == 3 else (40 + n % 4, 0)
-        stream = item_keys(item_id, shard=shard).events
+        stream = item_keys(item_id, DEFAULT_PREFIX, shard=shard).events
         order = {"item_id": str(item_id), "order_id": str(10**17 + n), "buyer": f"buyer-{n}"}
         at = first_ms + n
         end: dict[str, str] = [

@@ -10,10 +10,10 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.engine.streams import GROUP, GroupProgress, read_progress
 
-STREAMS = [item_keys(item_id).events for item_id in (1, 2, 3)]
+STREAMS = [item_keys(item_id, DEFAULT_PREFIX).events for item_id in (1, 2, 3)]
 
 
 async def progress_of_several_streams(redis: Redis) -> None:

@@ -30,7 +30,7 @@ def delivery(
         reason=ReleaseReason.EXPIRED if kind is not EventKind.RESERVED and kind is not
         EventKind.PAID else None,
     )  # fmt: skip
-    message = order_message(event, stream=item_keys(item).events)
+    message = order_message(event, stream=item_keys(item, DEFAULT_PREFIX).events)
     assert message is not None
     return Delivery(message.message_id, OrderEventBody.model_validate_json(message.body))
 

@@ -16,7 +16,7 @@ from seckill.domain.events import (
     StockEvent,
     decode_event,
 )
-from seckill.engine.keys import item_keys
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.sinks.messages import (
     ROUTING_KEYS,
     SCHEMA,
@@ -26,7 +26,7 @@ from seckill.sinks.messages import (
     order_message,
 )
 
-STREAM = item_keys(42).events
+STREAM = item_keys(42, DEFAULT_PREFIX).events
 AT_MS = 1_714_564_800_123  # 2024-05-01T12:00:00.123Z
 ORDER_ID = 2**63 - 1  # the largest order id: a float would round it
 
@@ -187,7 +187,7 @@ def test_the_other_order_events(kind: EventKind, reason: str | None) -> None:
 
 
 def test_a_shard_streams_events_say_their_shard_and_stream() -> None:
-    shard_stream = item_keys(42, shard=3).events
+    shard_stream = item_keys(42, DEFAULT_PREFIX, shard=3).events
     body = body_of(EventKind.PAID, stream=shard_stream, shard=3)
     assert (body["stream"], body["shard"]) == ("seckill:{item:42:s3}:events", 3)
 
@@ -201,8 +201,8 @@ def test_the_id_names_the_entry_and_only_it() -> None:
     assert first.message_id == message_id(STREAM, "5-1") == f"{STREAM}/5-1"
     others = {
         message_id(STREAM, "5-2"),
-        message_id(item_keys(43).events, "5-1"),
-        message_id(item_keys(42, shard=1).events, "5-1"),
+        message_id(item_keys(43, DEFAULT_PREFIX).events, "5-1"),
+        message_id(item_keys(42, DEFAULT_PREFIX, shard=1).events, "5-1"),
     }
     assert first.message_id not in others and len(others) == 3
 

@@ -53,7 +53,7 @@ class ItemKeys:
 
 
 @lru_cache(maxsize=4096)
-def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> ItemKeys:
+def item_keys(item_id: int, prefix: str, shard: int = 0) -> ItemKeys:
     base = f"{prefix}:{{item:{item_id}}}" if shard == 0 else f"{prefix}:{{item:{item_id}:s{shard}}}"
     return ItemKeys(
         item_id=item_id,
@@ -72,7 +72,7 @@ def item_keys(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> Ite
     )
 
 
-def item_pattern(item_id: int, prefix: str = DEFAULT_PREFIX, shard: int = 0) -> str:
+def item_pattern(item_id: int, prefix: str, shard: int = 0) -> str:
     """A SCAN pattern matching every key of one item's shard (shard 0: the item's own)."""
     return item_keys(item_id, prefix, shard).item + "*"
 
@@ -86,7 +86,7 @@ def shard_of(key: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def items_registry(prefix: str = DEFAULT_PREFIX) -> str:
+def items_registry(prefix: str) -> str:
     """A set of every item id ever loaded: how workers find the streams to follow."""
     return f"{prefix}:items"
 
@@ -117,7 +117,7 @@ class QueueKeys:
 
 
 @lru_cache(maxsize=4096)
-def queue_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> QueueKeys:
+def queue_keys(item_id: int, prefix: str) -> QueueKeys:
     base = item_keys(item_id, prefix).item
     return QueueKeys(
         item=base,
@@ -128,31 +128,31 @@ def queue_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> QueueKeys:
     )
 
 
-def queues_registry(prefix: str = DEFAULT_PREFIX) -> str:
+def queues_registry(prefix: str) -> str:
     """A set of the item ids whose waiting room someone joined: what the inlet advances."""
     return f"{prefix}:queues"
 
 
-def upkeep_lock_key(job: str, prefix: str = DEFAULT_PREFIX) -> str:
+def upkeep_lock_key(job: str, prefix: str) -> str:
     """String (an owner token, PX): held by the one process doing ``job`` (the reconciler)."""
     return f"{prefix}:upkeep:{job}"
 
 
-def worker_id_key(worker_id: int, prefix: str = DEFAULT_PREFIX) -> str:
+def worker_id_key(worker_id: int, prefix: str) -> str:
     return f"{prefix}:worker-id:{worker_id}"
 
 
-def item_card_key(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
+def item_card_key(item_id: int, prefix: str) -> str:
     """String (JSON, expires): the item as buyers see it, cached from SQL by
     ``seckill.services.item_cache``. In the item's slot; no script touches it."""
     return f"{prefix}:{{item:{item_id}}}:card"
 
 
-def item_card_lock_key(item_id: int, prefix: str = DEFAULT_PREFIX) -> str:
+def item_card_lock_key(item_id: int, prefix: str) -> str:
     """String (an owner token, PX): held by the one process loading the item's card from SQL."""
     return f"{prefix}:{{item:{item_id}}}:card:lock"
 
 
-def item_card_keys(item_id: int, prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
+def item_card_keys(item_id: int, prefix: str) -> tuple[str, str]:
     """The item's card and its lock: what archiving removes beside the item's own keys."""
     return item_card_key(item_id, prefix), item_card_lock_key(item_id, prefix)
