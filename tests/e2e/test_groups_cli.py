@@ -16,6 +16,7 @@ from tests.seckill_cli import seckill
 
 
 @pytest.mark.redis_variants("redis7")
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)  # the groups live in Redis
 async def test_an_operator_retires_a_bridges_group(
     redis_server: RedisTarget, engine: RedisEngine, sql_url: str, tmp_path: Path
 ) -> None:
