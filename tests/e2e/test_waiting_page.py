@@ -97,7 +97,10 @@ def assert_polled_no_faster_than_once_a_second(seen: Seen, item_id: int) -> None
     polls = seen.polls(item_id)
     assert len(polls) >= 2
     gaps = [later - earlier for earlier, later in itertools.pairwise(polls)]
-    assert min(gaps) > POLL_S * 0.9, gaps  # the times are the browser events', seen here
+    # The times are when this process saw the browser's events: on a busy machine one seen late
+    # shortens the next gap (0.86 s once in CI), so the bound is loose; a page polling twice a
+    # second still fails it.
+    assert min(gaps) > POLL_S * 0.75, gaps
 
 
 async def standing(api: Api, item_id: int, buyer: str, queue_pass: str) -> str:
