@@ -1,23 +1,56 @@
 """Settings: one typed object, read from ``SECKILL_*`` environment variables (or ``.env``).
 
-Built on demand with ``Settings()``; importing this module creates nothing.
+Built on demand with ``Settings()``; importing this module creates nothing. Each secret setting
+may instead be read from a file named by ``SECKILL_<NAME>_FILE`` (a mounted Docker or
+Kubernetes secret). The profile says whether the embedded defaults may stand in for what is
+left unset (``embedded``, what ``make demo`` runs) or not (``production``: ``problems`` names
+each missing setting and no process starts).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from seckill.domain.rules import MAX_STOCK_SHARDS
 from seckill.engine.keys import DEFAULT_PREFIX
 
+ENV_PREFIX = "SECKILL_"
+
+# Settings that hold a key or may hold a password: readable from a file, masked when shown.
+SECRET_SETTINGS = (
+    "redis_url",
+    "database_url",
+    "bridge_url",
+    "jwt_secret",
+    "ticket_secret",
+    "payment_secret",
+)
+
+
+class ConfigurationError(ValueError):
+    """The settings cannot run this process; the message names every setting at fault."""
+
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SECKILL_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_file=".env", extra="ignore")
 
+    profile: Literal["embedded", "production"] = Field(
+        "embedded",
+        description="embedded: what is left unset is started or made here (a Redis, a SQLite "
+        "file, secrets generated into the data directory), for one host. production: every "
+        "store and secret must be set, or no process starts (exit 2, each missing setting "
+        "named; `seckill config check` lists them).",
+    )
     redis_url: str = Field(
         "", description="Redis to use, e.g. redis://127.0.0.1:6379/0. Empty: start an embedded one."
     )
@@ -229,6 +262,69 @@ class Settings(BaseSettings):
         30.0, gt=0, description="How often the archiver looks for items to archive."
     )
 
+    sql_pool_size: int = Field(
+        10,
+        ge=1,
+        description="SQL connections one process keeps open for its workers and commands. "
+        "HTTP requests have a pool of the same size of their own (docs/operations/capacity.md "
+        "sizes both against the database's connection limit).",
+    )
+    sql_max_overflow: int = Field(
+        10,
+        ge=0,
+        description="Connections a pool may open beyond sql_pool_size under a burst, closed "
+        "again when returned.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            env_settings,
+            SecretFiles(settings_cls),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    def problems(self) -> list[str]:
+        """What keeps this configuration from running under its profile, one line per setting
+        at fault (none in the embedded profile, where defaults stand in)."""
+        if self.profile != "production":
+            return []
+        found = []
+        if not self.redis_url:
+            found.append(_missing("redis_url", "the Redis every process shares, none embedded"))
+        if not self.database_url:
+            found.append(_missing("database_url", "the SQL database, no SQLite file"))
+        for name in ("ticket_secret", "payment_secret"):
+            if not getattr(self, name):
+                found.append(_missing(name, "a key every host shares, none generated"))
+        found.extend(self.token_key_problems())
+        return found
+
+    def token_key_problems(self) -> list[str]:
+        """What the production profile misses to verify tokens."""
+        if self.jwt_algorithm == "HS256" and not self.jwt_secret:
+            return [_missing("jwt_secret", "the tokens' HS256 key, none generated")]
+        if self.jwt_algorithm != "HS256" and self.jwt_public_key_file is None:
+            return [_missing("jwt_public_key_file", "the PEM key that checks tokens")]
+        return []
+
+    def require_runnable(self) -> None:
+        """Raise ``ConfigurationError`` naming every problem (see ``problems``)."""
+        found = self.problems()
+        if found:
+            raise ConfigurationError(
+                f"the {self.profile} profile cannot start:\n" + "\n".join(f"- {p}" for p in found)
+            )
+
     @property
     def database_url_is_default(self) -> bool:
         return not self.database_url
@@ -239,6 +335,58 @@ class Settings(BaseSettings):
         return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'seckill.db'}"
 
 
+def _missing(name: str, what: str) -> str:
+    variable = ENV_PREFIX + name.upper()
+    return f"{variable} is not set: {what} (or {variable}_FILE, a file that holds it)"
+
+
+class SecretFiles(PydanticBaseSettingsSource):
+    """``SECKILL_<NAME>_FILE``: the secret setting read from that file (trailing whitespace
+    dropped). Naming both the variable and its file is refused: which one is meant?"""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        variable = f"{ENV_PREFIX}{field_name.upper()}"
+        path = os.environ.get(f"{variable}_FILE")
+        if field_name not in SECRET_SETTINGS or not path:
+            return None, field_name, False
+        if os.environ.get(variable):
+            raise ConfigurationError(f"both {variable} and {variable}_FILE are set: keep one")
+        try:
+            value = Path(path).read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise ConfigurationError(
+                f"{variable}_FILE names {path!r}, which cannot be read: {error.strerror}"
+            ) from None
+        if not value:
+            raise ConfigurationError(f"{variable}_FILE names {path!r}, which is empty")
+        return value, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, _, _ = self.get_field_value(field, name)
+            if value is not None:
+                found[name] = value
+        return found
+
+
+def masked(name: str, value: Any) -> str:
+    """A setting's value as `seckill config check` shows it: keys hidden, a URL's password
+    hidden, the rest as is."""
+    if name not in SECRET_SETTINGS or not value:
+        return str(value)
+    if name.endswith("_url"):
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(str(value))
+        if parts.password is None:
+            return str(value)
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+        return parts._replace(netloc=netloc).geturl()
+    keys = str(value).split(",")
+    return ",".join("***" for _ in keys)
+
+
 REFERENCE_INTRO = """\
 # Configuration
 
@@ -246,7 +394,9 @@ One typed `Settings` (`seckill/config.py`), read from `SECKILL_*` environment va
 `.env` file. This page is generated from it (`seckill config docs`); a test fails when it is
 stale. What the durability settings trade: [durability](durability.md); the cluster:
 [Redis Cluster](redis-cluster.md); the waiting room: [waiting room](waiting-room.md); the
-bridge: [order events to brokers](bridge.md).
+bridge: [order events to brokers](bridge.md). Each secret setting (`SECKILL_REDIS_URL`,
+`SECKILL_DATABASE_URL`, `SECKILL_BRIDGE_URL` and the keys) may instead be read from a file:
+`SECKILL_<NAME>_FILE=/run/secrets/<name>`.
 """
 
 

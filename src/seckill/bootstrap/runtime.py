@@ -40,7 +40,11 @@ class Runtime:
 
 @contextlib.asynccontextmanager
 async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> AsyncIterator[Runtime]:
-    """Connect everything (starting the embedded Redis if no URL is set); close it all on exit."""
+    """Connect everything (starting the embedded Redis if no URL is set); close it all on exit.
+
+    Raises ``ConfigurationError`` before connecting anything when the settings cannot run
+    under their profile."""
+    settings.require_runnable()
     async with contextlib.AsyncExitStack() as stack:
         embedded = None
         url = settings.redis_url
@@ -86,10 +90,13 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
                     ttl_ms=settings.worker_id_lease_seconds * 1000,
                 )
             )
-        database = open_database(settings.effective_database_url)
+        pools = {"pool_size": settings.sql_pool_size, "max_overflow": settings.sql_max_overflow}
+        database = open_database(settings.effective_database_url, **pools)
         stack.push_async_callback(database.dispose)
         bounded = open_database(
-            settings.effective_database_url, deadline_s=settings.sql_request_timeout_seconds
+            settings.effective_database_url,
+            deadline_s=settings.sql_request_timeout_seconds,
+            **pools,
         )
         stack.push_async_callback(bounded.dispose)
         if settings.database_url_is_default:

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -24,9 +24,28 @@ T = TypeVar("T")
 
 @functools.cache  # one invocation per process: read once, on first use
 def current_settings() -> Settings:
-    from seckill.config import Settings
+    """The settings; a value that does not parse, or a secret file that cannot be read, ends
+    the command with exit 2 and what is wrong."""
+    from pydantic import ValidationError
 
-    return Settings()
+    from seckill.config import ConfigurationError, Settings
+
+    try:
+        return Settings()
+    except ConfigurationError as exc:
+        abort(exc)
+    except ValidationError as exc:
+        abort(_settings_errors(exc))
+
+
+def _settings_errors(exc: Any) -> str:
+    from seckill.config import ENV_PREFIX
+
+    lines = [
+        f"{ENV_PREFIX}{'_'.join(map(str, error['loc'])).upper()}: {error['msg']}"
+        for error in exc.errors()
+    ]
+    return "invalid settings: " + "; ".join(lines)
 
 
 def setting_default(name: str) -> str:
@@ -49,9 +68,14 @@ def start_process(*, processes: int = 1) -> Settings:
     process of the deployment shares. prometheus_client picks its mode when first imported, so
     this runs before anything imports it (seckill.serve and the workers do).
     """
+    from seckill.config import ConfigurationError
     from seckill.observability.logs import configure_logging
 
     settings = current_settings()
+    try:
+        settings.require_runnable()  # before anything is started: nothing half-running
+    except ConfigurationError as exc:
+        abort(exc)
     path = settings.metrics_dir
     if path is None and processes > 1:
         # The API's own processes still add up: a directory of its own, emptied at start.
@@ -69,13 +93,14 @@ def start_process(*, processes: int = 1) -> Settings:
 
 
 def abort(message: object, code: int = 2) -> NoReturn:
-    console.print(f"[red]error:[/] {message}")
+    console.print(f"[red]error:[/] {message}", soft_wrap=True, highlight=False)
     raise typer.Exit(code)
 
 
 def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     """Run ``work`` with everything wired from the settings; a refusal is a clear error."""
     from seckill.bootstrap.runtime import open_runtime
+    from seckill.config import ConfigurationError
     from seckill.domain.outcomes import InvalidRequest
     from seckill.services.items import UnknownItem
 
@@ -85,5 +110,5 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(main())
-    except (InvalidRequest, UnknownItem) as exc:
+    except (InvalidRequest, UnknownItem, ConfigurationError) as exc:
         abort(exc)

@@ -69,6 +69,25 @@ def token(
     print(minted)
 
 
+@config_commands.command("check")
+def config_check() -> None:
+    """Print the effective settings (keys and passwords masked) and what keeps them from
+    running under their profile: exit 0 when nothing does, 2 otherwise. For a deploy pipeline,
+    before anything starts."""
+    from seckill.config import masked
+
+    settings = current_settings()
+    for name in type(settings).model_fields:
+        shown = masked(name, getattr(settings, name))
+        console.print(f"SECKILL_{name.upper()}={shown}", markup=False, highlight=False)
+    problems = settings.problems()
+    if problems:
+        for problem in problems:
+            console.print(f"[red]problem:[/] {problem}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+    console.print(f"[green]ok:[/] the {settings.profile} profile can start", highlight=False)
+
+
 @config_commands.command("docs")
 def config_docs() -> None:
     """Print the configuration reference (docs/operations/configuration.md): every setting,

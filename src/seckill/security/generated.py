@@ -1,4 +1,5 @@
-"""Secrets generated once into the data directory, so every local process agrees on them.
+"""Secrets generated once into the data directory, so every local process agrees on them (the
+embedded profile only).
 
 Used when a secret setting is left empty: ``seckill serve`` and ``seckill token`` started on a
 fresh machine must share one key without anyone configuring it. Production sets the secrets.
@@ -12,7 +13,22 @@ import secrets
 import tempfile
 from pathlib import Path
 
+from seckill.config import ENV_PREFIX, ConfigurationError, Settings
+
 _NAME = re.compile(r"[a-z0-9_-]{1,64}")
+
+
+def secret_or_generated(settings: Settings, name: str) -> str:
+    """The secret setting ``<name>_secret``: configured, or (embedded profile only) generated
+    once into the data directory. The production profile generates nothing: an unset secret
+    there is a ``ConfigurationError``."""
+    value: str = getattr(settings, f"{name}_secret")
+    if value:
+        return value
+    if settings.profile == "production":
+        variable = f"{ENV_PREFIX}{name.upper()}_SECRET"
+        raise ConfigurationError(f"{variable} is not set (the production profile generates none)")
+    return generated_secret(settings.data_dir, name)
 
 
 def generated_secret(data_dir: Path, name: str) -> str:

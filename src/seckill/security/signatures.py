@@ -13,7 +13,7 @@ import hmac
 import re
 
 from seckill.config import Settings
-from seckill.security.generated import generated_secret
+from seckill.security.generated import secret_or_generated
 
 SIGNATURE_HEADER = "Seckill-Signature"
 
@@ -68,7 +68,7 @@ def verify_signature(
 
 def payment_secret(settings: Settings) -> bytes:
     """The HMAC key shared with the payment provider: configured, or generated once."""
-    return (settings.payment_secret or generated_secret(settings.data_dir, "payment")).encode()
+    return secret_or_generated(settings, "payment").encode()
 
 
 def _key(secret: str | bytes) -> bytes:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
-from seckill.security.generated import generated_secret
+from seckill.security.generated import secret_or_generated
 from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer, misbound
 
 TICKET_HEADER = "Seckill-Ticket"
@@ -109,4 +109,4 @@ class TicketCodec:
 def ticket_secret(settings: Settings) -> bytes:
     """The HMAC key of tickets and queue passes: configured, or generated once into the data
     directory."""
-    return (settings.ticket_secret or generated_secret(settings.data_dir, "ticket")).encode()
+    return secret_or_generated(settings, "ticket").encode()

@@ -24,7 +24,7 @@ from joserfc.jwk import OctKey, RSAKey
 from seckill.config import Settings
 from seckill.domain.outcomes import InvalidRequest
 from seckill.domain.rules import check_buyer
-from seckill.security.generated import generated_secret
+from seckill.security.generated import secret_or_generated
 
 Algorithm = Literal["HS256", "RS256"]
 
@@ -206,7 +206,7 @@ class TokenCodec:
 def token_codec(settings: Settings) -> TokenCodec:
     """The codec the settings describe (HS256 secret generated into the data dir if unset)."""
     if settings.jwt_algorithm == "HS256":
-        secret = settings.jwt_secret or generated_secret(settings.data_dir, "jwt")
+        secret = secret_or_generated(settings, "jwt")
         return TokenCodec(
             algorithm="HS256",
             signing_key=secret,

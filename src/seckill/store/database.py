@@ -19,7 +19,9 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
-def open_database(url: str, *, pool_size: int = 10, deadline_s: float | None = None) -> AsyncEngine:
+def open_database(
+    url: str, *, pool_size: int = 10, max_overflow: int = 10, deadline_s: float | None = None
+) -> AsyncEngine:
     """An engine for ``url``. SQLite gets WAL and a busy timeout, so several processes can share
     the file; servers get a pre-ping so a restarted server is survived.
 
@@ -60,7 +62,12 @@ def open_database(url: str, *, pool_size: int = 10, deadline_s: float | None = N
     if deadline_s:
         options["pool_timeout"] = deadline_s
     return create_async_engine(
-        url, pool_size=pool_size, pool_pre_ping=True, pool_recycle=3600, **options
+        url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        pool_pre_ping=True,
+        pool_recycle=3600,
+        **options,
     )
 
 
