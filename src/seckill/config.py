@@ -394,9 +394,9 @@ One typed `Settings` (`seckill/config.py`), read from `SECKILL_*` environment va
 `.env` file. This page is generated from it (`seckill config docs`); a test fails when it is
 stale. What the durability settings trade: [durability](durability.md); the cluster:
 [Redis Cluster](redis-cluster.md); the waiting room: [waiting room](waiting-room.md); the
-bridge: [order events to brokers](bridge.md). Each secret setting (`SECKILL_REDIS_URL`,
-`SECKILL_DATABASE_URL`, `SECKILL_BRIDGE_URL` and the keys) may instead be read from a file:
-`SECKILL_<NAME>_FILE=/run/secrets/<name>`.
+bridge: [order events to brokers](bridge.md). Each secret setting (the Redis, database and
+bridge URLs, which may hold a password, and the keys) may instead be read from a file:
+`SECKILL_<NAME>_FILE=/run/secrets/<name>`. Running on many hosts: [production](production.md).
 """
 
 
