@@ -17,7 +17,7 @@ import asyncio
 import random
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
@@ -64,17 +64,26 @@ MAX_REDIRECTS = 5
 _TRYAGAIN_PAUSE_S = 0.02
 
 
-def connect(url: str, *, cluster: bool, max_connections: int) -> RedisClient:
+def connect(
+    url: str,
+    *,
+    cluster: bool,
+    max_connections: int,
+    ssl_options: Mapping[str, Any] | None = None,
+) -> RedisClient:
     """A client of the Redis at ``url``, or of the cluster that ``url`` is a node of.
 
     ``max_connections`` bounds the one-Redis pool, where a burst beyond it waits. redis-py's
     cluster client cannot wait (past its bound a call fails), so on a cluster it is left
     unbounded: a burst opens what it needs per node, and the connections stay for the next.
+    ``ssl_options``: for a rediss:// URL, redis-py's ``ssl_*`` keyword arguments (see
+    ``seckill.tls``).
     """
+    tls = dict(ssl_options or {})
     if cluster:
-        return _Cluster.from_url(url, decode_responses=True, max_connections=2**31)
+        return _Cluster.from_url(url, decode_responses=True, max_connections=2**31, **tls)
     pool = BlockingConnectionPool.from_url(
-        url, decode_responses=True, max_connections=max_connections
+        url, decode_responses=True, max_connections=max_connections, **tls
     )
     return Redis.from_pool(pool)  # the client owns the pool and closes it
 
@@ -115,14 +124,21 @@ class ClusterNodes:
     again after a node failed, at most every ``REFRESH_EVERY_S``, one reading at a time) and,
     per node, connections of its own: a ``Pipeliner`` for batches, and a pool for calls that must
     share one connection. Of its own, because redis-py resets its cluster connections when the
-    topology changes, and that must not fail a call in flight on a healthy node."""
+    topology changes, and that must not fail a call in flight on a healthy node. Both speak
+    TLS as ``seed_url`` and ``ssl_options`` say (those the cluster client was given)."""
 
     def __init__(
-        self, cluster: RedisCluster, *, seed_url: str, connections: int = DEFAULT_CONNECTIONS
+        self,
+        cluster: RedisCluster,
+        *,
+        seed_url: str,
+        connections: int = DEFAULT_CONNECTIONS,
+        ssl_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.cluster = cluster
         self._seed_url = seed_url
         self._connections = connections
+        self._ssl_options = dict(ssl_options or {})
         self._pipeliners: dict[str, Pipeliner] = {}
         self._pools: dict[str, ConnectionPool] = {}
         self._next_refresh = 0.0
@@ -141,7 +157,9 @@ class ClusterNodes:
         found = self._pipeliners.get(node.name)
         if found is None:
             url = node_url(self._seed_url, node)
-            found = self._pipeliners[node.name] = Pipeliner(url, connections=self._connections)
+            found = self._pipeliners[node.name] = Pipeliner(
+                url, connections=self._connections, ssl_options=self._ssl_options
+            )
         return found
 
     def pool(self, node: ClusterNode) -> ConnectionPool:
@@ -150,7 +168,7 @@ class ClusterNodes:
             url = node_url(self._seed_url, node)
             # Blocking: a burst beyond it waits for a connection, as the one-Redis pool does.
             found = self._pools[node.name] = BlockingConnectionPool.from_url(
-                url, decode_responses=True, max_connections=POOL_PER_NODE
+                url, decode_responses=True, max_connections=POOL_PER_NODE, **self._ssl_options
             )
         return found
 

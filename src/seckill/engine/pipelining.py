@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -67,8 +67,10 @@ class Address:
     connect_timeout_s: float = DEFAULT_TIMEOUT_S
 
     @classmethod
-    def from_url(cls, url: str) -> Address:
-        options = cast(dict[str, Any], parse_url(url))
+    def from_url(cls, url: str, ssl_options: Mapping[str, Any] | None = None) -> Address:
+        """``ssl_options``: for rediss://, redis-py's ``ssl_*`` keyword arguments, which the
+        URL's own (``?ssl_ca_certs=...``) override, as in redis-py."""
+        options = cast(dict[str, Any], {**(ssl_options or {}), **parse_url(url)})
         ssl = None
         if url.startswith("rediss://"):
             settings: dict[str, Any] = {"cert_reqs": "required", "check_hostname": True}
@@ -108,7 +110,9 @@ class Pipeliner:
     batch's futures in order as they arrive. While every connection has a batch in flight,
     commands stay queued, and the first connection to get all its replies writes them: the
     busier Redis is, the bigger the batches. A batch not fully answered within the URL's
-    socket_timeout fails, and its connection is dropped.
+    socket_timeout fails, and its connection is dropped. For a rediss:// URL, ``ssl_options``
+    are redis-py's ``ssl_*`` keyword arguments (the CA file, the client's certificate and key,
+    ``ssl_check_hostname``): the TLS context is built from them once, when constructed.
 
     Replies are raw, without redis-py's per-command response callbacks (EVALSHA and GET have
     none); error replies are redis-py's exception classes. ``batch_sizes`` counts the batches
@@ -121,10 +125,11 @@ class Pipeliner:
         *,
         connections: int = DEFAULT_CONNECTIONS,
         max_batch: int = DEFAULT_MAX_BATCH,
+        ssl_options: Mapping[str, Any] | None = None,
     ) -> None:
         if connections < 1 or max_batch < 1:
             raise ValueError(f"connections and max_batch must be >= 1: {connections}, {max_batch}")
-        self._address = Address.from_url(url)
+        self._address = Address.from_url(url, ssl_options)
         self._max_batch = max_batch
         self._queue: deque[Pending] = deque()
         self._idle: list[_Connection] = [_Connection(self) for _ in range(connections)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,19 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 
 def open_database(
-    url: str, *, pool_size: int = 10, max_overflow: int = 10, deadline_s: float | None = None
+    url: str,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 10,
+    deadline_s: float | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> AsyncEngine:
     """An engine for ``url``. SQLite gets WAL and a busy timeout, so several processes can share
     the file; servers get a pre-ping so a restarted server is survived.
+
+    ``tls``: a server's connections speak TLS with this context (see ``seckill.tls``), both
+    drivers' (asyncpg, asyncmy) ``ssl`` argument; None leaves the URL's options and the driver's
+    defaults.
 
     ``deadline_s``: the longest a connection, a statement or a wait for a pooled connection may
     take before it fails as an outage (``is_transient``): for requests, which must answer (503)
@@ -31,6 +41,8 @@ def open_database(
     drivers' own (generous) bounds hold, as workers want: a batch may take a while under load."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
+        if tls is not None:
+            raise ValueError("a SQLite file has no connection to encrypt: no TLS context for it")
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         busy_s = deadline_s or 30.0
@@ -59,6 +71,8 @@ def open_database(
             "timeout": deadline_s or 10,
             "command_timeout": deadline_s or 60,
         }
+    if tls is not None:
+        options.setdefault("connect_args", {})["ssl"] = tls
     if deadline_s:
         options["pool_timeout"] = deadline_s
     return create_async_engine(
