@@ -53,6 +53,8 @@ class LocalCluster:
 
     ``node_timeout_ms`` is how long a master may be unreachable before its replica takes over
     (Redis's ``cluster-node-timeout``): short for tests, so a failover takes a few seconds.
+    ``host`` and ``launcher`` go to every node (see ``RedisServer``): a cluster on another
+    network namespace's address.
     """
 
     def __init__(
@@ -61,6 +63,8 @@ class LocalCluster:
         masters: int = 3,
         replicas: int = 1,
         binary: str | Path | None = None,
+        host: str = "127.0.0.1",
+        launcher: tuple[str, ...] = (),
         node_timeout_ms: int = 2_000,
         appendonly: bool = False,
         start_timeout: float = 30.0,
@@ -70,6 +74,8 @@ class LocalCluster:
         self.masters = masters
         self.replicas = replicas
         self._binary = binary
+        self.host = host
+        self._launcher = launcher
         self._node_timeout_ms = node_timeout_ms
         self._appendonly = appendonly
         self._start_timeout = start_timeout
@@ -83,7 +89,7 @@ class LocalCluster:
     def url(self) -> str:
         """A running node's URL: a cluster client learns every other node from it."""
         port = next(node.port for node in self.nodes if node.process is not None)
-        return f"redis://127.0.0.1:{port}"
+        return f"redis://{self.host}:{port}"
 
     def start(self) -> LocalCluster:
         if self.nodes:
@@ -101,6 +107,8 @@ class LocalCluster:
         return RedisServer(
             binary=self._binary,
             port=port,
+            host=self.host,
+            launcher=self._launcher,
             appendonly=self._appendonly,
             extra_args=(
                 "--cluster-enabled", "yes",
@@ -113,7 +121,7 @@ class LocalCluster:
         )  # fmt: skip
 
     def _form(self) -> None:
-        clients = [redis.Redis(port=port, decode_responses=True) for port in self.ports]
+        clients = [self.client(port) for port in self.ports]
         try:
             primaries, followers = clients[: self.masters], clients[self.masters :]
             for epoch, (client, slots) in enumerate(
@@ -122,7 +130,7 @@ class LocalCluster:
                 _command(client, "CLUSTER", "ADDSLOTS", *slots)
                 _command(client, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
             for port in self.ports[1:]:
-                _command(clients[0], "CLUSTER", "MEET", "127.0.0.1", port)
+                _command(clients[0], "CLUSTER", "MEET", self.host, port)
             self._wait("every node to know every other", lambda: _all_know(clients))
             ids = [_command(client, "CLUSTER", "MYID") for client in primaries]
             for n, client in enumerate(followers):
@@ -145,7 +153,7 @@ class LocalCluster:
         for node in self.nodes:
             if node.process is None or node.port is None:
                 continue
-            with redis.Redis(port=node.port, decode_responses=True) as client:
+            with self.client(node.port) as client:
                 if _command(client, "ROLE")[0] == "master":
                     found.append(node.port)
         return found
@@ -155,27 +163,31 @@ class LocalCluster:
         ``redis-cli --cluster reshard`` does. The target imports and the source migrates (a
         client then gets ASK for a key already moved), the keys go over with MIGRATE, and every
         primary learns the new owner (a client then gets MOVED). Returns how many keys moved."""
-        with redis.Redis(port=to_port, decode_responses=True) as target:
+        with self.client(to_port) as target:
             owner = _slot_owner(target, slot)
             if owner == to_port:
                 return 0
-            with redis.Redis(port=owner, decode_responses=True) as source:
+            with self.client(owner) as source:
                 source_id = _command(source, "CLUSTER", "MYID")
                 target_id = _command(target, "CLUSTER", "MYID")
                 _command(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
                 _command(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
                 moved = 0
                 while keys := _command(source, "CLUSTER", "GETKEYSINSLOT", slot, keys_per_call):
-                    _command(source, "MIGRATE", "127.0.0.1", to_port, "", 0, 5_000, "KEYS", *keys)
+                    _command(source, "MIGRATE", self.host, to_port, "", 0, 5_000, "KEYS", *keys)
                     moved += len(keys)
                 # The target first, then the source: a key is never left without an owner.
                 for client in (target, source):
                     _command(client, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
         for port in self.primary_ports():
             if port not in (owner, to_port):
-                with redis.Redis(port=port, decode_responses=True) as other:
+                with self.client(port) as other:
                     _command(other, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
         return moved
+
+    def client(self, port: int) -> redis.Redis:
+        """A client of the node on ``port`` (replies decoded)."""
+        return redis.Redis(host=self.host, port=port, decode_responses=True)
 
     def node_at(self, port: int) -> RedisServer:
         return next(node for node in self.nodes if node.port == port)

@@ -55,11 +55,13 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
 
 
 class RedisServer:
-    """One redis-server: on a private unix socket by default, or on a loopback TCP port.
+    """One redis-server: on a private unix socket by default, or on a TCP port of ``host``
+    (loopback unless told otherwise).
 
     ``data_dir`` holds its files (the AOF when ``appendonly``); only one server may own a data
     directory at a time, enforced with a lock file. Without ``data_dir`` a temporary directory is
-    used and removed on stop.
+    used and removed on stop. ``launcher`` is a command the server runs under, e.g.
+    ``ip netns exec NS`` to start it on another network namespace's address.
     """
 
     def __init__(
@@ -68,12 +70,16 @@ class RedisServer:
         binary: str | Path | None = None,
         data_dir: Path | None = None,
         port: int | None = None,
+        host: str = "127.0.0.1",
+        launcher: Sequence[str] = (),
         appendonly: bool = False,
         extra_args: Sequence[str] = (),
         start_timeout: float = 10.0,
     ) -> None:
         self.binary = Path(binary) if binary else bundled_redis_server()
         self.port = port
+        self.host = host
+        self.launcher = tuple(launcher)
         self.appendonly = appendonly
         self.extra_args = tuple(extra_args)  # more redis-server options (e.g. cluster mode)
         self._start_timeout = start_timeout
@@ -86,7 +92,7 @@ class RedisServer:
     @property
     def url(self) -> str:
         if self.port is not None:
-            return f"redis://127.0.0.1:{self.port}/0"
+            return f"redis://{self.host}:{self.port}/0"
         assert self._socket_dir is not None, "server not started"
         return f"unix://{self._socket_dir / 'redis.sock'}?db=0"
 
@@ -112,6 +118,7 @@ class RedisServer:
             # Unix socket paths are limited to ~100 bytes: the socket gets a short private dir.
             self._socket_dir = Path(tempfile.mkdtemp(prefix="seckill-"))
         args = [
+            *self.launcher,
             str(self.binary),
             "--dir", str(self._dir.resolve()),
             "--save", "",
@@ -129,7 +136,11 @@ class RedisServer:
                 "700",
             ]
         else:
-            args += ["--port", str(self.port), "--bind", "127.0.0.1"]
+            args += ["--port", str(self.port), "--bind", self.host]
+            if self.host != "127.0.0.1":
+                # The caller chose the network (a namespace's private subnet): protected mode
+                # would refuse every client that is not on loopback.
+                args += ["--protected-mode", "no"]
         args += self.extra_args
         self.process = subprocess.Popen(
             args,
@@ -163,7 +174,7 @@ class RedisServer:
                 try:
                     if client.ping():
                         return
-                except (redis.ConnectionError, redis.BusyLoadingError, OSError):
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError):
                     pass
                 if time.monotonic() > deadline:
                     raise RedisServerError(f"redis-server not ready in time: {self._log_tail()}")
