@@ -316,6 +316,10 @@ class Record:
 
 
 class Buyers:
+    # Answers after which a buyer tries the other API: none at all (its API is gone). A 503
+    # is tried again on the same one (a node failing over, SQL cut: the other would say 503 too).
+    other_api_after: frozenset[int] = frozenset({0})
+
     def __init__(self, clients: list[ApiClient], item_id: int, record: Record, rng: random.Random):
         self.clients = clients
         self.item_id = item_id
@@ -339,7 +343,7 @@ class Buyers:
             if time.monotonic() > give_up:
                 record.unanswered.append(action)
                 return reply
-            if reply.status == 0:
+            if reply.status in self.other_api_after:
                 turn += 1
             await asyncio.sleep(0.1 + self.rng.random() * 0.2)
 
@@ -755,9 +759,8 @@ async def settled(client: ApiClient, item_id: int) -> dict[str, Any] | None:
 
 
 async def wait_settled(
-    clients: list[ApiClient], buyers: Buyers, item_id: int, deployment: Deployment,
-    console: Console,
-) -> float:  # fmt: skip
+    clients: list[ApiClient], buyers: Buyers, item_id: int, settings: Settings, console: Console
+) -> float:
     """Buyers who pay keep coming until no unit is left or held; then until SQL agrees.
     Returns the seconds SQL took to agree after the last request."""
     give_up = time.monotonic() + SETTLE_LIMIT_S
@@ -780,7 +783,7 @@ async def wait_settled(
 
     await asyncio.gather(watch(), buyers.arrive(10.0, sold_out.is_set, "closing-"))
     last_request = time.monotonic()
-    async with open_runtime(deployment.settings()) as runtime:
+    async with open_runtime(settings) as runtime:
         shown = time.monotonic()
         while time.monotonic() < give_up:
             checks = await audit_records(runtime.engine, runtime.ledger, item_id)
@@ -829,20 +832,10 @@ async def sale(deployment: Deployment, knobs: Knobs, rng: random.Random, console
         clients = [ApiClient(session, f"http://127.0.0.1:{p}", credentials)
                    for p in deployment.api_ports]  # fmt: skip
         await wait_healthy(clients)
-        now = datetime.now(UTC)
-        created = await clients[0].request(
-            "POST", "/api/v1/admin/items", token=credentials.admin(),
-            body={"name": "soak", "price_cents": 100, "total": knobs.stock,
-                  "starts_at": now.isoformat(), "ends_at": (now + timedelta(hours=1)).isoformat(),
-                  "per_buyer_limit": 1, "hold_seconds": knobs.hold_seconds,
-                  "stock_shards": knobs.shards},
+        item_id = await put_on_sale(
+            clients[0], "soak", stock=knobs.stock, shards=knobs.shards,
+            hold_seconds=knobs.hold_seconds,
         )  # fmt: skip
-        if created.status != 201:
-            raise RuntimeError(f"the item was not created: {created.status} {created.body}")
-        item_id = int(created.body["item_id"])
-        warmed = await clients[0].warm(item_id)
-        if warmed.status != 200:
-            raise RuntimeError(f"the item was not warmed: {warmed.status} {warmed.body}")
         record = Record()
         buyers = Buyers(clients, item_id, record, rng)
         chaos = Chaos(deployment, knobs, record, rng, item_id)
@@ -857,12 +850,33 @@ async def sale(deployment: Deployment, knobs: Knobs, rng: random.Random, console
                 buyers.arrive(knobs.rate, lambda: record.now() > chaos.end_s, "buyer-"),
             )
             console.print(f"faults done at {record.now():.0f} s; selling out and settling")
-            agreed_s = await wait_settled(clients, buyers, item_id, deployment, console)
+            agreed_s = await wait_settled(clients, buyers, item_id, deployment.settings(), console)
         finally:
             supervisor.cancel()
     found = await verdicts(deployment, item_id, knobs, record, chaos.faults)
     print_faults(console, chaos.faults, record, agreed_s)
     return print_verdicts(console, found)
+
+
+async def put_on_sale(
+    client: ApiClient, name: str, *, stock: int, shards: int, hold_seconds: int
+) -> int:
+    """An item on sale from now for an hour, one unit per buyer, created and warmed through the
+    admin API; its id."""
+    now = datetime.now(UTC)
+    created = await client.request(
+        "POST", "/api/v1/admin/items", token=client.credentials.admin(),
+        body={"name": name, "price_cents": 100, "total": stock,
+              "starts_at": now.isoformat(), "ends_at": (now + timedelta(hours=1)).isoformat(),
+              "per_buyer_limit": 1, "hold_seconds": hold_seconds, "stock_shards": shards},
+    )  # fmt: skip
+    if created.status != 201:
+        raise RuntimeError(f"the item was not created: {created.status} {created.body}")
+    item_id = int(created.body["item_id"])
+    warmed = await client.warm(item_id)
+    if warmed.status != 200:
+        raise RuntimeError(f"the item was not warmed: {warmed.status} {warmed.body}")
+    return item_id
 
 
 async def wait_healthy(clients: list[ApiClient]) -> None:
