@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ bench-bridge: $(STAMP)  # starts its own redis-server; RabbitMQ and NATS: SECKIL
 
 soak: $(STAMP)  # a Redis Cluster, NATS and processes of its own; PostgreSQL: SECKILL_TEST_POSTGRES_URL
 	$(BIN)/python -m benchmarks.soak $(BENCH_ARGS)
+
+rehearse-hosts: $(STAMP)  # as root: network namespaces as hosts with a Redis Cluster, a PostgreSQL, APIs and workers of their own
+	$(BIN)/python -m benchmarks.hosts $(BENCH_ARGS)
 
 bench-history: $(STAMP)  # starts its own redis-servers, SQLite databases and servers on free ports
 	$(BIN)/python -m benchmarks.history $(BENCH_ARGS)
