@@ -75,6 +75,7 @@ from seckill.services.reconcile.records import audit_records
 from seckill.store.tables import Order
 
 EXIT_NO_HOSTS = 3  # hosts cannot be built here: the message says why
+RUN_NAMESPACE = re.compile(r"sk-([0-9a-f]{6})-[a-z0-9]+")  # sk-<run>-<host>
 NETNS_DIR = Path("/var/run/netns")
 API_PORT = 8000
 SQL_PORT = 5432
@@ -741,6 +742,12 @@ def rehearse(knobs: Knobs, console: Console) -> int:
         console.print(f"no hosts: {why}")
         return EXIT_NO_HOSTS
     started = time.monotonic()
+    others = sorted({m[1] for n in listed_namespaces() if (m := RUN_NAMESPACE.fullmatch(n))})
+    if others:
+        console.print(
+            f"namespaces of other runs: {', '.join(others)} (running, or left by a run killed "
+            "outright: python -m benchmarks.hosts --clean RUN)"
+        )
     run = secrets.token_hex(3)
     scratch = Path(tempfile.mkdtemp(prefix=f"seckill-hosts-{run}-"))
     scratch.chmod(0o711)  # the postgres user reaches its own directory inside
@@ -790,7 +797,7 @@ def rehearse(knobs: Knobs, console: Console) -> int:
 
 def clean(run: str, console: Console) -> int:
     """Remove what run ``run`` left (its namespaces and every process in them)."""
-    if not re.fullmatch(r"[0-9a-f]{6}", run):
+    if not RUN_NAMESPACE.fullmatch(f"sk-{run}-lan"):
         console.print(f"not a run id: {run!r}")
         return 2
     network = Network(run, "")
