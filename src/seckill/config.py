@@ -25,6 +25,7 @@ from seckill.domain.rules import MAX_STOCK_SHARDS
 from seckill.engine.keys import DEFAULT_PREFIX
 
 ENV_PREFIX = "SECKILL_"
+PRODUCTION_DRAIN_SECONDS = 5.0
 
 # Settings that hold a key or may hold a password: readable from a file, masked when shown.
 SECRET_SETTINGS = (
@@ -130,6 +131,13 @@ class Settings(BaseSettings):
         "that made granian the default); `seckill serve` is always uvicorn, in its own loop.",
     )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
+    drain_seconds: float | None = Field(
+        None,
+        ge=0,
+        description="On SIGTERM an API process answers /readyz 503 and goes on serving for this "
+        "long (so load balancers take it out first), then finishes what is in flight and stops. "
+        f"Unset: {PRODUCTION_DRAIN_SECONDS:g} under the production profile, 0 under embedded.",
+    )
     metrics_dir: Path | None = Field(
         None,
         description="Shared by every process of one deployment on one host (wiped at deploy "
@@ -324,6 +332,14 @@ class Settings(BaseSettings):
             raise ConfigurationError(
                 f"the {self.profile} profile cannot start:\n" + "\n".join(f"- {p}" for p in found)
             )
+
+    @property
+    def effective_drain_seconds(self) -> float:
+        """The drain on SIGTERM: as set, else a few seconds in production and none embedded
+        (tests and `make demo` stop at once)."""
+        if self.drain_seconds is not None:
+            return self.drain_seconds
+        return PRODUCTION_DRAIN_SECONDS if self.profile == "production" else 0.0
 
     @property
     def database_url_is_default(self) -> bool:

@@ -4,6 +4,31 @@
 Redis it owns). In production run ``seckill api`` and ``seckill worker ...`` as separate
 processes, as many of each as needed. SIGTERM or SIGINT stops all of it gracefully: the
 server stops accepting, finishes the requests in hand, and each worker finishes its pass.
+
+**The drain.** With ``SECKILL_DRAIN_SECONDS`` (5 s under the production profile, none under the
+embedded one), SIGTERM first makes an API process unready: ``/readyz`` answers 503 with
+``"draining": true`` while every route, ``/livez`` and the purchase included, goes on serving,
+so load balancers take the process out of rotation before it stops. Once the drain has run, it
+stops as above. SIGINT, or a second SIGTERM, stops at once. Whoever receives the signal runs
+the drain, and the flag is ``seckill.api.drain.Drain``:
+
+* ``seckill serve``, and ``seckill api --server uvicorn`` with one process: our own event loop
+  takes SIGTERM, begins the process's own drain and sets the stop event once it has run
+  (``_stop_on_signals``); workers in the same process keep working through it.
+* ``seckill api --server uvicorn --workers N``: uvicorn's supervisor queues the signal and
+  handles it in its loop; ``_DrainingMultiprocess.handle_term`` raises the run's flag file and
+  sets the supervisor's exit event once the drain has run, which stops the processes as
+  before.
+* ``seckill api`` under granian: granian's supervisor owns the signals and stops its workers
+  (SIGTERM to each) as soon as its handler runs. Its startup hook runs after granian installed
+  that handler and before any worker starts, so there ``_drain_on_sigterm`` puts a handler of
+  ours in front of it, which raises the flag file and hands the signal on to granian's own
+  handler once the drain has run.
+
+Under either supervisor the workers read the flag file the supervisor made for the run
+(``Drain.for_processes``), so no signal is sent to a worker that may not be ready for one. The
+signal must reach the supervisor alone: a container's pid 1, or systemd's ``KillMode=mixed``
+(a worker that gets SIGTERM itself stops at once).
 """
 
 from __future__ import annotations
@@ -11,15 +36,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 import uvloop
+from uvicorn.supervisors.multiprocess import Multiprocess
 
+from seckill.api.drain import Drain
 from seckill.bootstrap.runtime import open_runtime, settle_heap
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
@@ -65,14 +95,17 @@ async def run(
     workers: Sequence[WorkerKind],
     persister: PersisterConfig | None = None,
 ) -> None:
-    """Serve until SIGTERM/SIGINT. Everything shares one runtime (connections, order ids)."""
+    """Serve until SIGTERM/SIGINT. Everything shares one runtime (connections, order ids).
+
+    With the API, SIGTERM drains first (see the module's docstring)."""
     from seckill.api.app import create_app
 
     # Bound first, by us rather than uvicorn, so a taken port fails fast as an exception.
     sock = listening_socket(settings.api_host, settings.api_port) if api else None
     # Signals first: a SIGTERM while connecting still ends in a clean stop.
     stop = asyncio.Event()
-    stop_on_signals(stop)
+    drain = Drain()
+    _stop_on_signals(stop, drain, settings.effective_drain_seconds if api else 0.0)
     async with open_runtime(settings) as runtime:
         tasks = []
         for kind in workers:
@@ -81,25 +114,97 @@ async def run(
                 asyncio.create_task(run_until_stopped(worker, stop, idle_pause=idle_pause))
             )
             log.info("%s started", kind)
-        server = None
+        servers = []
         if sock is not None:
-            config = uvicorn.Config(
-                create_app(settings, runtime=runtime),
-                log_level="warning",
-                access_log=False,
-                lifespan="on",
-            )
-            server = _Server(config)
+            app = create_app(settings, runtime=runtime, drain=drain)
+            servers.append(_serving(app, sock, tasks))
             settle_heap()
-            tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
             host, port = sock.getsockname()[:2]
             log.info("API on http://%s:%d (OpenAPI at /docs)", host, port)
         await stop.wait()
         log.info("stopping")
-        if server is not None:
+        for server in servers:
             server.should_exit = True
         await asyncio.gather(*tasks)
         log.info("stopped")
+
+
+def _serving(app: Any, sock: socket.socket, tasks: list[asyncio.Task[None]]) -> _Server:
+    """uvicorn serving ``app`` on ``sock`` in this loop, its task added to ``tasks``."""
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    server = _Server(config)
+    tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
+    return server
+
+
+def _stop_on_signals(stop: asyncio.Event, drain: Drain, seconds: float) -> None:
+    """SIGINT sets ``stop`` at once; SIGTERM too, or, with a drain of ``seconds``, begins
+    ``drain`` and sets ``stop`` once it has run (a second SIGTERM meanwhile: at once)."""
+    stop_on_signals(stop)
+    if seconds <= 0:
+        return
+    loop = asyncio.get_running_loop()
+
+    def drain_then_stop() -> None:
+        if drain.draining:
+            stop.set()
+            return
+        _log_drain(seconds)
+        drain.begin()
+        loop.call_later(seconds, stop.set)
+
+    loop.add_signal_handler(signal.SIGTERM, drain_then_stop)
+
+
+def _log_drain(seconds: float) -> None:
+    log.info("SIGTERM: draining for %g s (/readyz answers 503), then stopping", seconds)
+
+
+def _drain_then(drain: Drain, seconds: float, stop: Callable[[], object]) -> None:
+    """In a supervisor: raise the run's flag now, call ``stop`` once the drain has run."""
+    _log_drain(seconds)
+    drain.begin()
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+
+
+class _DrainingMultiprocess(Multiprocess):
+    """uvicorn's supervisor, draining on SIGTERM before it stops its processes."""
+
+    def __init__(
+        self, config: uvicorn.Config, sockets: list[socket.socket], *, drain: Drain, seconds: float
+    ) -> None:
+        super().__init__(config, sockets)
+        self.drain, self.seconds = drain, seconds
+
+    def handle_term(self) -> None:
+        if self.drain.draining:  # a second SIGTERM
+            super().handle_term()
+        else:
+            _drain_then(self.drain, self.seconds, self.should_exit.set)
+
+
+def _drain_on_sigterm(server: AbstractServer[Any], drain: Drain, seconds: float) -> None:
+    """Put the drain in front of granian's SIGTERM handler. Called from granian's startup
+    hook: after granian installed its handlers, before it forks a worker."""
+    supervisor = os.getpid()
+    granians: Callable[..., object] = server.signal_handler_interrupt
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        # A worker forked with this handler, signalled before its own loop took SIGTERM over,
+        # is granian's business; so is a second SIGTERM.
+        if os.getpid() != supervisor or drain.draining:
+            granians(signum, frame)
+        else:
+            _drain_then(drain, seconds, granians)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _drain_for_processes(seconds: float) -> contextlib.AbstractContextManager[Drain | None]:
+    """The run's shared drain when there is one to run, else None."""
+    return Drain.for_processes() if seconds > 0 else contextlib.nullcontext()
 
 
 def run_api_processes(settings: Settings, processes: int) -> None:
@@ -109,10 +214,9 @@ def run_api_processes(settings: Settings, processes: int) -> None:
     them, restarts one that dies and stops them all on a signal). Each process opens its own
     runtime: its own connections and its own leased order-id worker id. They must share one
     Redis, so an embedded one is refused (``seckill serve`` runs that); the embedded SQLite
-    file is upgraded once here, before any process opens it.
+    file is upgraded once here, before any process opens it. SIGTERM drains first (see the
+    module's docstring).
     """
-    from uvicorn.supervisors import Multiprocess
-
     _require_shared_redis(settings)
     if settings.database_url_is_default:
         uvloop.run(_upgrade_embedded_database(settings))
@@ -128,7 +232,12 @@ def run_api_processes(settings: Settings, processes: int) -> None:
     )
     host, port = sock.getsockname()[:2]
     log.info("API on http://%s:%d (OpenAPI at /docs), %d processes", host, port, processes)
-    Multiprocess(config, sockets=[sock]).run()
+    seconds = settings.effective_drain_seconds
+    with _drain_for_processes(seconds) as drain:
+        if drain is None:
+            Multiprocess(config, sockets=[sock]).run()
+        else:
+            _DrainingMultiprocess(config, [sock], drain=drain, seconds=seconds).run()
 
 
 def run_api_granian(settings: Settings, processes: int) -> None:
@@ -137,7 +246,8 @@ def run_api_granian(settings: Settings, processes: int) -> None:
     granian's supervisor (this process) forks the workers; each builds the app from the
     environment and opens its own runtime, as under ``run_api_processes``, and with more than
     one they must share a Redis. A worker that dies is respawned; SIGTERM or SIGINT stops them
-    all, each after its lifespan's shutdown, and this process exits 0.
+    all, each after its lifespan's shutdown, and this process exits 0. SIGTERM drains first
+    (see the module's docstring).
     """
     if processes > 1:
         _require_shared_redis(settings)
@@ -150,13 +260,17 @@ def run_api_granian(settings: Settings, processes: int) -> None:
     )  # fmt: skip
     # granian's constructor reconfigures logging with dictConfig, which closes our handler.
     configure_logging(settings.log_format, settings.log_level)
+    seconds = settings.effective_drain_seconds
+    with _drain_for_processes(seconds) as drain:
 
-    def started() -> None:  # granian's startup hook: the workers are starting, not yet listening
-        threading.Thread(target=_announce, args=(host, port, processes), daemon=True).start()
+        def started() -> None:  # granian's startup hook: its handlers set, no worker started yet
+            if drain is not None:
+                _drain_on_sigterm(server, drain, seconds)
+            threading.Thread(target=_announce, args=(host, port, processes), daemon=True).start()
 
-    server.on_startup(started)
-    server.on_shutdown(lambda: log.info("stopped"))  # once every worker has
-    server.serve()
+        server.on_startup(started)
+        server.on_shutdown(lambda: log.info("stopped"))  # once every worker has
+        server.serve()
 
 
 def granian_server(

@@ -22,6 +22,7 @@ from seckill.api import (
     tickets,
     waiting_page,
 )
+from seckill.api.drain import Drain
 from seckill.api.errors import install_error_handlers
 from seckill.api.lean_routes import LeanRoutes
 from seckill.api.limits import BodySizeLimit
@@ -49,11 +50,16 @@ class SeckillApi(FastAPI):
 
 
 def create_app(
-    settings: Settings, *, runtime: Runtime | None = None, ticket_gate: TicketGate | None = None
+    settings: Settings,
+    *,
+    runtime: Runtime | None = None,
+    ticket_gate: TicketGate | None = None,
+    drain: Drain | None = None,
 ) -> SeckillApi:
     """The API. With ``runtime`` it serves that one (its owner closes it); without, it opens
     its own at startup and closes it at shutdown. ``ticket_gate`` decides who may have a
-    purchase ticket (a captcha, a waiting room); without one, everyone may."""
+    purchase ticket (a captcha, a waiting room); without one, everyone may. ``drain`` is what
+    ``/readyz`` asks whether the process is draining (whoever handles SIGTERM begins it)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -76,6 +82,7 @@ def create_app(
         description="A flash-sale backend: every purchase decided by one atomic Redis script.",
         lifespan=lifespan,
     )
+    app.state.drain = drain or Drain()
     install_error_handlers(app)
     routers = (
         buyers, tickets, queue, admin, refunds, payments, health, metrics, dashboard, waiting_page
@@ -91,11 +98,12 @@ def create_app(
 
 def app_from_environment() -> SeckillApi:
     """The API as each process of ``seckill api --workers N`` builds it: settings from the
-    environment, logging as they say, its own runtime opened at startup."""
+    environment, logging as they say, its own runtime opened at startup, and the drain its
+    supervisor begins on SIGTERM (see ``seckill.api.drain``)."""
     from seckill.observability.logs import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_format, settings.log_level)
-    app = create_app(settings)
+    app = create_app(settings, drain=Drain.from_environment())
     settle_heap()
     return app

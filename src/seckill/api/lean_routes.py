@@ -14,15 +14,16 @@ each of these cost several times its own work, so they are served here as plain 
   (413 before it is read whole); the bearer token (401, 403 for an admin's); the item id and the
   body (``{"quantity": n}``, optional; 422); the ``Idempotency-Key`` (400 without one) and the
   ticket (403 ``invalid_ticket``); then ``Purchases.buy``, one Redis round trip (the sold-out
-  flag before it).
+  flag before it);
+* ``GET /livez``: the liveness probe, answered with no I/O at all.
 
 Each request gets what the framework's layers give the other routes, from the same places: the
 request id (``seckill.api.request_ids``), the body limit and the JSON answer
 (``seckill.api.responses``), the answers to errors (``seckill.api.errors``), the metrics
 (``seckill.api.metrics``). Every route stays declared for the OpenAPI schema (in
-``seckill.api.buyers``, ``seckill.api.tickets`` and ``seckill.api.queue``), and the schema tests
-hold the answers given here to it. Anything else (another method, a trailing slash) goes on to
-the framework.
+``seckill.api.buyers``, ``seckill.api.tickets``, ``seckill.api.queue`` and
+``seckill.api.health``), and the schema tests hold the answers given here to it. Anything else
+(another method, a trailing slash) goes on to the framework.
 """
 
 from __future__ import annotations
@@ -41,7 +42,14 @@ from seckill.api.bodies import parse_body
 from seckill.api.buyers import item_out
 from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal
 from seckill.api.metrics import record_request
-from seckill.api.paths import ITEM_ROUTE, PURCHASE_ROUTE, QUEUE_ROUTE, TICKET_ROUTE, route_pattern
+from seckill.api.paths import (
+    ITEM_ROUTE,
+    LIVEZ_ROUTE,
+    PURCHASE_ROUTE,
+    QUEUE_ROUTE,
+    TICKET_ROUTE,
+    route_pattern,
+)
 from seckill.api.queue import standing_out
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
 from seckill.api.request_ids import request_id_from
@@ -54,7 +62,7 @@ from seckill.api.responses import (
     error_body,
     send_json,
 )
-from seckill.api.schemas import BuyIn, ReservationOut
+from seckill.api.schemas import BuyIn, LiveOut, ReservationOut
 from seckill.api.tickets import ticket_out
 from seckill.bootstrap.services import Context
 from seckill.domain.orders import OrderStatus
@@ -95,13 +103,14 @@ class Answer:
 
 # The refusals a stampede gets by the thousand, answered once.
 _REFUSED = {outcome: Answer.error(refusal(outcome)) for outcome in REFUSALS}
+_ALIVE = Answer(200, LiveOut(status="alive").model_dump_json().encode(), "200", [])
 
 
 @dataclass(frozen=True, slots=True)
 class Request:
     """What a route reads of its request."""
 
-    item_id: int
+    item_id: int  # 0 on a route without one (the liveness probe)
     headers: dict[bytes, bytes]
     body: bytes
     request_id: str
@@ -140,6 +149,7 @@ class LeanRoutes:
             LeanRoute("GET", ITEM_ROUTE, read_item),
             LeanRoute("POST", QUEUE_ROUTE, join_queue),
             LeanRoute("GET", QUEUE_ROUTE, queue_standing),
+            LeanRoute("GET", LIVEZ_ROUTE, alive),
         ]
 
     def route_of(self, scope: Scope) -> LeanRoute | None:
@@ -199,8 +209,12 @@ class LeanRoutes:
             raise BodyTooLarge(self.body_limit.message)
         else:
             body = b""
-        item_id = _item_id(route.pattern, scope["path"])
+        item_id = _item_id(route.pattern, scope["path"]) if route.pattern.groups else 0
         return await route.decide(ctx, Request(item_id, headers, body, request_id))
+
+
+async def alive(ctx: Context, request: Request) -> Answer:
+    return _ALIVE
 
 
 async def read_item(ctx: Context, request: Request) -> Answer:

@@ -1,9 +1,10 @@
-"""What a URL may say, stated once: the buyer routes' paths and the bound of an item id in a path.
+"""What a URL may say, stated once: the lean routes' paths and the bound of an item id in a path.
 
 The lean routes' paths (``seckill.api.lean_routes``) are matched there, in the metrics (naming
 the route of a request answered before routing) and in the benchmarks' admission middleware, and
-declared for the OpenAPI schema in ``seckill.api.buyers``, ``seckill.api.tickets`` and
-``seckill.api.queue``; all of them read them from here. Item ids are bounded by the domain's
+declared for the OpenAPI schema in ``seckill.api.buyers``, ``seckill.api.tickets``,
+``seckill.api.queue`` and ``seckill.api.health`` (the liveness probe); all of them read them
+from here. Item ids are bounded by the domain's
 rule (``seckill.domain.rules.MAX_ID``: they fit a signed 64-bit SQL column), never restated.
 """
 
@@ -22,6 +23,7 @@ TICKET_ROUTE = "/api/v1/items/{item_id}/tickets"
 PURCHASE_ROUTE = "/api/v1/items/{item_id}/orders"
 QUEUE_ROUTE = "/api/v1/items/{item_id}/queue"
 """The routes' templates: their names in the schema and in the metrics' ``route`` label."""
+LIVEZ_ROUTE = "/livez"  # the liveness probe, served with them (no item id)
 
 
 def route_pattern(template: str) -> re.Pattern[str]:

@@ -233,6 +233,23 @@ class HealthOut(BaseModel):
     database: Literal["ok", "unavailable"]
 
 
+class LiveOut(BaseModel):
+    status: Literal["alive"]
+
+
+class ReadyOut(BaseModel):
+    ready: bool = Field(description="Redis answers, the worker id is usable, not draining.")
+    redis: Literal["ok", "unavailable"]
+    worker_id_lease: Literal["held", "lapsed", "fixed"] = Field(
+        description="held: leased and renewed in time; lapsed: this process issues no order id "
+        "until it renews; fixed: set by SECKILL_WORKER_ID, never leased."
+    )
+    draining: bool = Field(description="SIGTERM arrived: the process stops after the drain.")
+    database: Literal["ok", "unavailable"] = Field(
+        description="Reported only: buying goes on while SQL is away (orders wait in Redis)."
+    )
+
+
 class AdmissionOut(BaseModel):
     at: datetime = Field(description="When the inlet took this step (Redis's clock).")
     upto: int = Field(description="Every position up to this one was let in by then.")

@@ -52,6 +52,11 @@ class OrderIds:
     def extend(self, valid_until: float) -> None:
         self._valid_until = valid_until
 
+    @property
+    def lapsed(self) -> bool:
+        """Whether the worker id's lease lapsed: ``next()`` refuses until it is renewed."""
+        return time.monotonic() > self._valid_until
+
     def next(self) -> int:
         if time.monotonic() > self._valid_until:
             raise WorkerIdLost(f"worker id {self.worker_id} is no longer leased")

@@ -48,6 +48,16 @@ HTTP_REQUEST_DURATION = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 
+# -- The stores, as the probes see them (seckill.api.health) -------------------------------------
+
+DEPENDENCY_UP = Gauge(
+    "seckill_dependency_up",
+    "1 if the dependency (`redis`, `database`) answered the last probe of this process "
+    "(/readyz or /healthz) within its bound, else 0.",
+    ["dependency"],
+    multiprocess_mode="mostrecent",
+)
+
 # -- Redis ---------------------------------------------------------------------------------------
 
 REDIS_SCRIPT_DURATION = Histogram(
