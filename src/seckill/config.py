@@ -144,6 +144,19 @@ class Settings(BaseSettings):
         "start): each writes its metrics there and /metrics on any API process sums them. "
         "None: each process shows only its own.",
     )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="`seckill worker ...` serves /metrics and /livez on this port (0: one "
+        "picked, and logged; --metrics-port overrides it). Unset: no listener. The API serves "
+        "both on its own port, so `seckill serve` and `seckill api` ignore it.",
+    )
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description="Where a worker's metrics listener listens: 0.0.0.0 (or the host's "
+        "address) for a scraper on another host or outside the worker's container.",
+    )
     jwt_algorithm: Literal["HS256", "RS256"] = Field(
         "HS256", description="The one algorithm tokens may use (pinned; no other is accepted)."
     )

@@ -97,11 +97,16 @@ async def run(
 ) -> None:
     """Serve until SIGTERM/SIGINT. Everything shares one runtime (connections, order ids).
 
-    With the API, SIGTERM drains first (see the module's docstring)."""
+    With the API, SIGTERM drains first (see the module's docstring). Without it (``seckill
+    worker ...``), ``settings.metrics_port`` set, the workers' metrics and liveness are served
+    on that port (``seckill.api.worker_http``)."""
     from seckill.api.app import create_app
 
     # Bound first, by us rather than uvicorn, so a taken port fails fast as an exception.
     sock = listening_socket(settings.api_host, settings.api_port) if api else None
+    scrape_sock = None
+    if not api and settings.metrics_port is not None:
+        scrape_sock = listening_socket(settings.metrics_host, settings.metrics_port)
     # Signals first: a SIGTERM while connecting still ends in a clean stop.
     stop = asyncio.Event()
     drain = Drain()
@@ -115,6 +120,12 @@ async def run(
             )
             log.info("%s started", kind)
         servers = []
+        if scrape_sock is not None:
+            from seckill.api.worker_http import worker_app
+
+            servers.append(_serving(worker_app(), scrape_sock, tasks))
+            host, port = scrape_sock.getsockname()[:2]
+            log.info("metrics on http://%s:%d/metrics", host, port)
         if sock is not None:
             app = create_app(settings, runtime=runtime, drain=drain)
             servers.append(_serving(app, sock, tasks))

@@ -12,7 +12,6 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -38,7 +37,7 @@ async def scrape(ctx: Annotated[Context, Depends(context)]) -> Response:
         await refresh_stream_gauges(ctx.runtime.engine)
     except RedisError as exc:  # the rest is still worth a scrape; the stream gauges keep their last
         log.warning("stream gauges not refreshed: %s", exc)
-    return Response(generate_latest(metrics.registry()), media_type=CONTENT_TYPE_LATEST)
+    return Response(metrics.exposition(), media_type=metrics.EXPOSITION_CONTENT_TYPE)
 
 
 class HttpMetrics:

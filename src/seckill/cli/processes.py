@@ -39,6 +39,14 @@ def _run(settings: Settings, *, api: bool, workers: Iterable[str], **options: An
 
 _HOST = typer.Option(None, help=f"Listen address ({setting_default('api_host')}).")
 _PORT = typer.Option(None, min=0, max=65535, help=f"Port ({setting_default('api_port')}).")
+_METRICS_PORT = typer.Option(
+    None,
+    "--metrics-port",
+    min=0,
+    max=65535,
+    help="Serve /metrics and /livez on this port, at SECKILL_METRICS_HOST "
+    f"({setting_default('metrics_port')}: no listener).",
+)
 
 
 @commands.command()
@@ -100,9 +108,10 @@ def worker_persister(
     max_deliveries: int | None = typer.Option(
         None, min=1, help="Deliveries before a dead letter (default: the persister's)."
     ),
+    metrics_port: int | None = _METRICS_PORT,
 ) -> None:
     """Land every item stream's events in the database until SIGTERM."""
-    settings = start_process()
+    settings = overridden(start_process(), metrics_port=metrics_port)
     # PersisterConfig is the one home of these defaults; its module imports prometheus_client,
     # so it is read only now, after _start_process.
     from seckill.workers.persister import PersisterConfig
@@ -119,9 +128,12 @@ def worker_reaper(
         min=0.01,
         help=f"Seconds between passes ({setting_default('reaper_interval_seconds')}).",
     ),
+    metrics_port: int | None = _METRICS_PORT,
 ) -> None:
     """Release holds past their deadline, every interval, until SIGTERM (replicas are safe)."""
-    settings = overridden(start_process(), reaper_interval_seconds=interval)
+    settings = overridden(
+        start_process(), reaper_interval_seconds=interval, metrics_port=metrics_port
+    )
     _run(settings, api=False, workers=("reaper",))
 
 
@@ -137,6 +149,7 @@ def worker_reconciler(
         "--repair/--report-only",
         help=f"Repair what is found ({setting_default('reconcile_repair')}).",
     ),
+    metrics_port: int | None = _METRICS_PORT,
 ) -> None:
     """Compare every item's Redis and SQL records each interval, until SIGTERM.
 
@@ -144,7 +157,10 @@ def worker_reconciler(
     upkeep lock and works.
     """
     settings = overridden(
-        start_process(), reconcile_interval_seconds=interval, reconcile_repair=repair
+        start_process(),
+        reconcile_interval_seconds=interval,
+        reconcile_repair=repair,
+        metrics_port=metrics_port,
     )
     _run(settings, api=False, workers=("reconciler",))
 
@@ -162,11 +178,15 @@ def worker_archiver(
         help="Seconds after its sale ended that a settled item is archived "
         f"({setting_default('archive_grace_seconds')}).",
     ),
+    metrics_port: int | None = _METRICS_PORT,
 ) -> None:
     """Archive settled items each interval, until SIGTERM: their keys leave Redis, SQL keeps
     them. Replicas are safe: each item is archived under its own upkeep lease."""
     settings = overridden(
-        start_process(), archive_interval_seconds=interval, archive_grace_seconds=grace
+        start_process(),
+        archive_interval_seconds=interval,
+        archive_grace_seconds=grace,
+        metrics_port=metrics_port,
     )
     _run(settings, api=False, workers=("archiver",))
 
@@ -178,13 +198,16 @@ def worker_inlet(
         min=0.01,
         help=f"Seconds between steps ({setting_default('queue_inlet_interval_seconds')}).",
     ),
+    metrics_port: int | None = _METRICS_PORT,
 ) -> None:
     """Let the next buyers of every waiting room in, each interval, until SIGTERM.
 
     The pace is SECKILL_QUEUE_ADMIT_PER_SECOND and SECKILL_QUEUE_ADMIT_PER_UNIT. Replicas are
     safe: one holds the upkeep lock and steps.
     """
-    settings = overridden(start_process(), queue_inlet_interval_seconds=interval)
+    settings = overridden(
+        start_process(), queue_inlet_interval_seconds=interval, metrics_port=metrics_port
+    )
     _run(settings, api=False, workers=("inlet",))
 
 
@@ -196,10 +219,11 @@ def worker_bridge(
         help="The broker: amqp://user:pass@host:5672/ (RabbitMQ) or nats://host:4222 (NATS "
         "JetStream); default SECKILL_BRIDGE_URL.",
     ),
+    metrics_port: int | None = _METRICS_PORT,
 ) -> None:
     """Forward every order event to a broker until SIGTERM, acknowledging each in its stream
     only once the broker confirmed it. Replicas are safe: they share the bridge's group."""
-    settings = overridden(start_process(), bridge_url=to)
+    settings = overridden(start_process(), bridge_url=to, metrics_port=metrics_port)
     if not settings.bridge_url:
         abort(ValueError("name the broker: --to amqp://... or nats://... (or SECKILL_BRIDGE_URL)"))
     try:

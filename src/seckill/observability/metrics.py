@@ -29,7 +29,16 @@ from collections import Counter as Tally
 from collections.abc import Iterable
 from typing import Any, cast
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 from prometheus_client import values as _values
 
 # -- HTTP (the ASGI middleware in seckill.api.metrics) -------------------------------------------
@@ -239,6 +248,15 @@ def registry() -> CollectorRegistry:
     merged = CollectorRegistry()
     multiprocess.MultiProcessCollector(merged, path=path)  # type: ignore[no-untyped-call]
     return merged
+
+
+EXPOSITION_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def exposition() -> bytes:
+    """Every metric of ``registry()`` in Prometheus's text format (``EXPOSITION_CONTENT_TYPE``):
+    what ``/metrics`` answers, on an API process and on a worker's listener alike."""
+    return generate_latest(registry())
 
 
 def record_reconciler_pass(kinds: Iterable[str], found: Iterable[str]) -> None:
