@@ -107,7 +107,7 @@ class Knobs:
     @classmethod
     def small(cls) -> Knobs:
         """The test suite's run: every host and fault, a small crowd, well under a minute."""
-        return cls(buyers=240, stock=90, rate=20.0)
+        return cls(buyers=200, stock=80, rate=20.0)
 
 
 # -- the hosts: network namespaces on one bridge ---------------------------------------------
