@@ -110,9 +110,9 @@ class Knobs:
     def small(cls) -> Knobs:
         """The run the test suite makes: every fault, fewer times, in under two minutes."""
         return cls(
-            seconds=35.0, stock=450, rate=25.0, persister_kills=20, failovers=2,
-            replica_kills=1, reaper_kills=1, bridge_kills=5, broker_outages=1, api_kills=1,
-            sql_cut_s=10.0,
+            seconds=25.0, stock=320, rate=25.0, persister_kills=12, failovers=2,
+            replica_kills=1, reaper_kills=1, bridge_kills=4, broker_outages=1, api_kills=1,
+            sql_cut_s=6.0,
         )  # fmt: skip
 
 

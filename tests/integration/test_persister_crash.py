@@ -43,7 +43,7 @@ PERSISTER = [
     "--claim-idle-ms", "300", "--batch-size", "50",
 ]  # fmt: skip
 LIVE = 2  # persisters running at any time
-KILLS = 12
+KILLS = 6  # each replacement takes seconds to start: twice as many only doubled the time
 UNITS = 3_000  # sells out during the load: the ledger then works with counters near zero
 MIN_RESERVATIONS = 4_000  # the load goes on at least this long, and until the last kill
 MAX_RESERVATIONS = 60_000  # a load that outlasts this means the kills never found work in flight
