@@ -144,8 +144,30 @@ def test_empty_secret_is_refused() -> None:
 
 
 def test_payment_secret_is_configured_or_generated_once(tmp_path: Path) -> None:
-    assert payment_secret(isolated_settings(tmp_path, payment_secret="configured")) == b"configured"
-    generated = payment_secret(isolated_settings(tmp_path))
-    assert generated == payment_secret(isolated_settings(tmp_path))
+    configured = isolated_settings(tmp_path, payment_secret="configured")
+    assert payment_secret(configured) == (b"configured",)
+    (generated,) = payment_secret(isolated_settings(tmp_path))
+    assert (generated,) == payment_secret(isolated_settings(tmp_path))
     assert generated == (tmp_path / "secrets" / "payment").read_text().strip().encode()
     assert len(generated) >= 43  # 32 random bytes, base64
+
+
+def test_payment_secret_holds_the_keys_of_a_rotation(tmp_path: Path) -> None:
+    settings = isolated_settings(tmp_path, payment_secret="new-key, old-key")
+    assert payment_secret(settings) == (b"new-key", b"old-key")
+    for value in ("a,,b", ",a", "a,", " , "):
+        with pytest.raises(ValueError, match=r"SECKILL_PAYMENT_SECRET: key . of . is empty"):
+            payment_secret(isolated_settings(tmp_path, payment_secret=value))
+
+
+def test_any_of_several_keys_verifies_and_the_first_signs() -> None:
+    keys = (b"new-key", PAY_SECRET)
+    assert sign(keys, BODY, timestamp=NOW) == sign(b"new-key", BODY, timestamp=NOW)
+    for key in keys:
+        header = sign(key, BODY, timestamp=NOW)
+        assert verify_signature(keys, BODY, header, now=NOW, tolerance_seconds=300) == NOW
+    stranger = sign(b"another-key", BODY, timestamp=NOW)
+    with pytest.raises(BadSignature, match="signature does not match"):
+        verify_signature(keys, BODY, stranger, now=NOW, tolerance_seconds=300)
+    with pytest.raises(ValueError, match="empty"):
+        verify_signature((b"new-key", b""), BODY, stranger, now=NOW, tolerance_seconds=300)

@@ -30,7 +30,7 @@ class Context:
     orders: OrderBook
     item_cache: ItemCache
     tokens: TokenCodec
-    payment_secret: bytes
+    payment_secret: tuple[bytes, ...]  # the keys notices are checked with
     tickets: TicketOffice
     waiting_room: WaitingRoom | None  # with SECKILL_WAITING_ROOM
 

@@ -59,7 +59,9 @@ class Credentials:
         tokens = token_codec(settings)
         if not tokens.can_mint:
             raise ValueError("buyer tokens need the signing key: set SECKILL_JWT_PRIVATE_KEY_FILE")
-        return cls(tokens=tokens, payment_secret=payment_secret(settings), admin_token=admin_token)
+        # A provider signs with one key: the first, as SECKILL_PAYMENT_SECRET orders them.
+        signing = payment_secret(settings)[0]
+        return cls(tokens=tokens, payment_secret=signing, admin_token=admin_token)
 
     def buyer(self, name: str) -> str:
         token = self._minted.get(name)

@@ -31,6 +31,30 @@ def secret_or_generated(settings: Settings, name: str) -> str:
     return generated_secret(settings.data_dir, name)
 
 
+def secret_keys(settings: Settings, name: str, *, min_bytes: int = 1) -> tuple[str, ...]:
+    """The keys of the secret setting ``<name>_secret`` (see ``secret_or_generated``): one key,
+    or several separated by commas. The first signs, every one verifies, so a key rotates
+    without refusing anyone: add the new one second, make it first, drop the old one.
+
+    Raises ``ConfigurationError`` (a ``ValueError``), naming the setting, for an empty key (as
+    in ``a,,b``) or a key shorter than ``min_bytes``.
+    """
+    keys = tuple(key.strip() for key in secret_or_generated(settings, name).split(","))
+    variable = f"{ENV_PREFIX}{name.upper()}_SECRET"
+    for number, key in enumerate(keys, start=1):
+        if not key:
+            raise ConfigurationError(
+                f"{variable}: key {number} of {len(keys)} is empty (keys are separated by "
+                "single commas, none before the first or after the last)"
+            )
+        if len(key.encode()) < min_bytes:
+            raise ConfigurationError(
+                f"{variable}: key {number} of {len(keys)} has {len(key.encode())} bytes; "
+                f"each needs at least {min_bytes}"
+            )
+    return keys
+
+
 def generated_secret(data_dir: Path, name: str) -> str:
     """The secret stored in ``data_dir/secrets/<name>``, created on first use.
 

@@ -19,6 +19,7 @@ says, with the ticket secret (the version word keeps a pass from reading as a ti
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
@@ -47,9 +48,11 @@ class QueuePass:
 
 
 class PassCodec:
-    """Mints and checks queue passes with one HMAC key."""
+    """Mints queue passes with one HMAC key and checks them with any of several (a
+    rotation's)."""
 
-    def __init__(self, secret: str | bytes) -> None:
+    def __init__(self, secret: str | bytes | Sequence[str | bytes]) -> None:
+        """``secret``: one key, or the keys in order (the first signs)."""
         self._signer = Signer(secret, purpose="queue pass")
 
     def mint(self, queue_pass: QueuePass) -> str:

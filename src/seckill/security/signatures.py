@@ -2,8 +2,10 @@
 
 One header, ``Seckill-Signature: t=<unix seconds>,v1=<hex digest>``, where the digest is
 ``HMAC-SHA256(secret, f"{t}.".encode() + body)``. The header may carry several ``v1=`` values
-(one per key while the provider rotates keys); any match passes. Signing the timestamp with the
-body and refusing old timestamps stops a captured callback from being replayed later.
+(one per key while the provider rotates keys); any match passes. We may hold several keys too
+(``SECKILL_PAYMENT_SECRET``, separated by commas): a digest made with any of them passes, and
+``sign`` uses the first. Signing the timestamp with the body and refusing old timestamps stops a
+captured callback from being replayed later.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
 
 from seckill.config import Settings
-from seckill.security.generated import secret_or_generated
+from seckill.security.generated import secret_keys
 
 SIGNATURE_HEADER = "Seckill-Signature"
 
@@ -27,15 +30,20 @@ class BadSignature(Exception):
     """The callback's signature is missing, malformed, stale or wrong: refuse the callback."""
 
 
-def sign(secret: str | bytes, body: bytes, *, timestamp: int) -> str:
-    """The full ``Seckill-Signature`` header value for ``body`` signed at ``timestamp``."""
+Secret = str | bytes | Sequence[str | bytes]
+"""One key, or the keys of a rotation in order: the first signs, every one verifies."""
+
+
+def sign(secret: Secret, body: bytes, *, timestamp: int) -> str:
+    """The full ``Seckill-Signature`` header value for ``body`` signed at ``timestamp`` (with
+    the first key)."""
     if timestamp < 0:
         raise ValueError("timestamp must be unix seconds, >= 0")
-    return f"t={timestamp},v1={_digest(_key(secret), timestamp, body)}"
+    return f"t={timestamp},v1={_digest(_keys(secret)[0], timestamp, body)}"
 
 
 def verify_signature(
-    secret: str | bytes,
+    secret: Secret,
     body: bytes,
     header: str | None,
     *,
@@ -45,19 +53,20 @@ def verify_signature(
     """Check a ``Seckill-Signature`` header against the raw body; return its timestamp.
 
     Raises ``BadSignature`` (and nothing else, whatever the header holds) when the header is
-    missing or malformed, no ``v1`` digest matches, or the timestamp is more than
-    ``tolerance_seconds`` away from ``now`` in either direction.
+    missing or malformed, no ``v1`` digest matches the one of any key, or the timestamp is more
+    than ``tolerance_seconds`` away from ``now`` in either direction.
     """
-    key = _key(secret)
+    keys = _keys(secret)
     if not header:
         raise BadSignature("missing signature")
     timestamp, candidates = _parse(header)
-    expected = _digest(key, timestamp, body)
-    # Every candidate is compared, in constant time, so timing tells nothing about which one or
-    # how much of it matched.
+    # Every candidate is compared with every key's digest, in constant time, so timing tells
+    # nothing about which one or how much of it matched.
     matched = False
-    for candidate in candidates:
-        matched |= hmac.compare_digest(expected, candidate.lower())
+    for key in keys:
+        expected = _digest(key, timestamp, body)
+        for candidate in candidates:
+            matched |= hmac.compare_digest(expected, candidate.lower())
     if not matched:
         raise BadSignature("signature does not match")
     # Checked after the digest so that only the secret's holder learns about the window.
@@ -66,17 +75,19 @@ def verify_signature(
     return timestamp
 
 
-def payment_secret(settings: Settings) -> bytes:
-    """The HMAC key shared with the payment provider: configured, or generated once."""
-    return secret_or_generated(settings, "payment").encode()
+def payment_secret(settings: Settings) -> tuple[bytes, ...]:
+    """The HMAC keys shared with the payment provider, the signing one first: configured, or
+    one generated once. Raises ``ValueError`` naming the setting for an empty key."""
+    return tuple(key.encode() for key in secret_keys(settings, "payment"))
 
 
-def _key(secret: str | bytes) -> bytes:
-    key = secret.encode() if isinstance(secret, str) else secret
-    if not key:
+def _keys(secret: Secret) -> tuple[bytes, ...]:
+    given = (secret,) if isinstance(secret, str | bytes) else tuple(secret)
+    keys = tuple(key.encode() if isinstance(key, str) else key for key in given)
+    if not keys or not all(keys):
         # An empty key still "signs", and anyone can compute it: a configuration bug, not a key.
         raise ValueError("the signing secret is empty")
-    return key
+    return keys
 
 
 def _digest(key: bytes, timestamp: int, body: bytes) -> str:

@@ -2,8 +2,9 @@
 
 Purchase tickets (``seckill.security.tickets``) and queue passes (``seckill.security.passes``)
 are such texts, each with its own version word first, so one never reads as the other. Checking
-one needs only the key: no I/O, no state. The MAC is compared in constant time before anything
-in the payload is trusted.
+one needs only the keys: no I/O, no state. The MAC is compared in constant time before anything
+in the payload is trusted. Several keys may verify while one rotates (see
+``seckill.security.generated.secret_keys``); the first signs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import binascii
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
 
 # As for HS256 JWTs (RFC 7518 §3.2): a key at least as long as the hash output.
 MIN_KEY_BYTES = 32
@@ -21,33 +23,60 @@ _MAC = re.compile(r"[0-9a-f]{64}")
 
 
 class Signer:
-    """Signs payloads and opens signed texts with one HMAC key."""
+    """Signs payloads with one HMAC key and opens texts signed with any of several: the keys of
+    a rotation, the signing one first."""
 
-    def __init__(self, secret: str | bytes, *, purpose: str) -> None:
-        """Raises ``ValueError`` for a key shorter than ``MIN_KEY_BYTES``."""
-        key = secret.encode() if isinstance(secret, str) else secret
-        if len(key) < MIN_KEY_BYTES:
-            raise ValueError(f"the {purpose} secret needs at least {MIN_KEY_BYTES} bytes")
-        self._key = key
+    def __init__(self, secret: str | bytes | Sequence[str | bytes], *, purpose: str) -> None:
+        """``secret`` is one key, or the keys in order (the first signs). Raises ``ValueError``
+        for none, or for a key shorter than ``MIN_KEY_BYTES``."""
+        given = (secret,) if isinstance(secret, str | bytes) else tuple(secret)
+        keys = tuple(key.encode() if isinstance(key, str) else key for key in given)
+        if not keys:
+            raise ValueError(f"the {purpose} secret needs at least one key")
+        for number, key in enumerate(keys, start=1):
+            if len(key) < MIN_KEY_BYTES:
+                which = "" if len(keys) == 1 else f" (key {number} of {len(keys)})"
+                raise ValueError(
+                    f"the {purpose} secret{which} needs at least {MIN_KEY_BYTES} bytes"
+                )
+        self._key = keys[0]
+        # Empty with one key: then opening costs what it did before rotation existed.
+        self._older = keys[1:]
 
     def sign(self, payload: str) -> str:
-        return f"{payload}.{self._mac(payload)}"
+        return f"{payload}.{_mac(self._key, _data(payload))}"
 
     def opened(self, text: object, *, max_len: int) -> str | None:
-        """The payload of an authentic text, or None (whatever ``text`` holds: never raises)."""
+        """The payload of a text signed with any of the keys, or None (whatever ``text``
+        holds: never raises)."""
         if not isinstance(text, str) or len(text) > max_len:
             return None
         payload, _, mac = text.rpartition(".")
         # The regex keeps non-ASCII text away from compare_digest, which refuses it (TypeError).
-        if not _MAC.fullmatch(mac) or not hmac.compare_digest(mac, self._mac(payload)):
+        if not _MAC.fullmatch(mac):
             return None
-        return payload
-
-    def _mac(self, payload: str) -> str:
-        # surrogatepass: header text is Latin-1 decoded by the server, but a caller may pass any
-        # str, lone surrogates included; encoding must not raise.
+        # _data and _mac inlined: with one key this is all a check costs, as before keys could
+        # rotate (tickets are checked on every purchase).
         data = payload.encode("utf-8", "surrogatepass")
-        return hmac.digest(self._key, data, hashlib.sha256).hex()  # the one-shot C path
+        if hmac.compare_digest(mac, hmac.digest(self._key, data, hashlib.sha256).hex()):
+            return payload
+        # Every older key is tried, each in constant time, and a forgery is compared with all of
+        # them: how long a refusal takes says nothing about any key. Only an authentic text
+        # stops early, which tells its holder no more than it already knows.
+        for key in self._older:
+            if hmac.compare_digest(mac, _mac(key, data)):
+                return payload
+        return None
+
+
+def _data(payload: str) -> bytes:
+    # surrogatepass: header text is Latin-1 decoded by the server, but a caller may pass any
+    # str, lone surrogates included; encoding must not raise.
+    return payload.encode("utf-8", "surrogatepass")
+
+
+def _mac(key: bytes, data: bytes) -> str:
+    return hmac.digest(key, data, hashlib.sha256).hex()  # the one-shot C path
 
 
 def misbound(

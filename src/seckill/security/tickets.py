@@ -13,10 +13,11 @@ Format (ASCII, at most ``MAX_TICKET_LEN`` characters)::
 - ``item id``: decimal, no leading zeros.
 - ``buyer``: the buyer id as unpadded base64url (buyer ids may contain dots).
 - ``expires at``: Unix time in milliseconds, decimal; the ticket is valid while now < it.
-- ``mac``: lowercase hex HMAC-SHA256, keyed with the ticket secret, of everything before the
-  last dot (``v1.<item id>.<buyer>.<expires at>``).
+- ``mac``: lowercase hex HMAC-SHA256, keyed with the ticket secret's first key, of everything
+  before the last dot (``v1.<item id>.<buyer>.<expires at>``).
 
-Checking a ticket needs only the key: no Redis round trip, no state (see
+Checking a ticket needs only the keys (any of ``SECKILL_TICKET_SECRET``'s; see
+docs/operations/keys.md): no Redis round trip, no state (see
 ``seckill.security.signed``). A ticket is not spent by a purchase: it may be sent
 with several attempts (retries, a larger quantity after a refusal) until it expires; the
 ``Idempotency-Key`` still makes each purchase happen once. Expiry is read from the checking
@@ -27,12 +28,20 @@ NTP keeps far below a ticket's lifetime.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
-from seckill.security.generated import secret_or_generated
-from seckill.security.signed import BUYER_FIELD, Signer, decode_buyer, encode_buyer, misbound
+from seckill.security.generated import secret_keys
+from seckill.security.signed import (
+    BUYER_FIELD,
+    MIN_KEY_BYTES,
+    Signer,
+    decode_buyer,
+    encode_buyer,
+    misbound,
+)
 
 TICKET_HEADER = "Seckill-Ticket"
 VERSION = "v1"
@@ -59,10 +68,11 @@ class Ticket:
 
 
 class TicketCodec:
-    """Mints and checks tickets with one HMAC key."""
+    """Mints tickets with one HMAC key and checks them with any of several (a rotation's)."""
 
-    def __init__(self, secret: str | bytes) -> None:
-        """Raises ``ValueError`` for a key shorter than ``signed.MIN_KEY_BYTES``."""
+    def __init__(self, secret: str | bytes | Sequence[str | bytes]) -> None:
+        """``secret``: one key, or the keys in order (the first signs). Raises ``ValueError``
+        for a key shorter than ``signed.MIN_KEY_BYTES``."""
         self._signer = Signer(secret, purpose="ticket")
 
     def mint(self, *, item_id: int, buyer: str, expires_at_ms: int) -> str:
@@ -106,7 +116,8 @@ class TicketCodec:
         return ticket
 
 
-def ticket_secret(settings: Settings) -> bytes:
-    """The HMAC key of tickets and queue passes: configured, or generated once into the data
-    directory."""
-    return secret_or_generated(settings, "ticket").encode()
+def ticket_secret(settings: Settings) -> tuple[bytes, ...]:
+    """The HMAC keys of tickets and queue passes, the signing one first: configured, or one
+    generated once into the data directory. Raises ``ValueError`` naming the setting for an
+    empty key or one shorter than ``signed.MIN_KEY_BYTES``."""
+    return tuple(key.encode() for key in secret_keys(settings, "ticket", min_bytes=MIN_KEY_BYTES))
