@@ -25,6 +25,8 @@ from seckill.domain.rules import MAX_STOCK_SHARDS
 from seckill.engine.keys import DEFAULT_PREFIX
 
 ENV_PREFIX = "SECKILL_"
+# What a key setting that may rotate holds (see docs/operations/keys.md).
+ROTATION = "one key, or several separated by commas: the first signs, every one verifies"
 PRODUCTION_DRAIN_SECONDS = 5.0
 
 # Settings that hold a key or may hold a password: readable from a file, masked when shown.
@@ -157,28 +159,64 @@ class Settings(BaseSettings):
         description="Where a worker's metrics listener listens: 0.0.0.0 (or the host's "
         "address) for a scraper on another host or outside the worker's container.",
     )
-    jwt_algorithm: Literal["HS256", "RS256"] = Field(
-        "HS256", description="The one algorithm tokens may use (pinned; no other is accepted)."
+    jwt_algorithm: Literal["HS256", "RS256", "ES256"] = Field(
+        "HS256",
+        description="The one algorithm tokens may use (pinned; no other is accepted), unless "
+        "a key set (jwt_jwks_file, jwt_jwks_url) pins one to each key.",
     )
     jwt_secret: str = Field(
-        "", description="HS256 key, at least 32 bytes. Empty: generated into the data dir."
+        "",
+        description=f"HS256 keys, each at least 32 bytes: {ROTATION}. Empty: generated into "
+        "the data dir.",
     )
-    jwt_private_key_file: Path | None = Field(None, description="RS256: PEM key to mint tokens.")
-    jwt_public_key_file: Path | None = Field(None, description="RS256: PEM key to check tokens.")
+    jwt_private_key_file: Path | None = Field(
+        None,
+        description="RS256, ES256: PEM key to mint tokens (with a key set: the private key of "
+        "the one jwt_signing_kid names).",
+    )
+    jwt_public_key_file: Path | None = Field(
+        None, description="RS256, ES256: PEM key to check tokens."
+    )
+    jwt_jwks_file: Path | None = Field(
+        None,
+        description="A JSON Web Key Set: tokens are checked with the key each names by `kid`, "
+        "each key pinned to its `alg` (HS256, RS256 or ES256), instead of jwt_algorithm's "
+        "keys. Read again every jwt_jwks_refresh_seconds (see docs/operations/keys.md).",
+    )
+    jwt_jwks_url: str = Field(
+        "",
+        description="The key set fetched from this URL instead: at start (no start without "
+        "it), then every jwt_jwks_refresh_seconds, and early (at most every 30 s) when a token "
+        "names a key it lacks. A failed fetch keeps the last good set.",
+    )
+    jwt_jwks_refresh_seconds: float = Field(
+        300.0, gt=0, description="How often the API loads the key set again."
+    )
+    jwt_signing_kid: str = Field(
+        "",
+        description="With a key set: the `kid` that `seckill token` and the demo's crowd mint "
+        "under (an HS256 key of the set, or the key in jwt_private_key_file). Empty: they "
+        "cannot mint.",
+    )
     jwt_issuer: str = Field("seckill", min_length=1, description="The `iss` every token must have.")
     jwt_audience: str = Field(
         "seckill-api", min_length=1, description="The `aud` every token must have."
     )
     token_ttl_seconds: int = Field(3_600, ge=1, description="Lifetime of `seckill token` tokens.")
     payment_secret: str = Field(
-        "", description="HMAC key shared with the payment provider. Empty: generated."
+        "",
+        description=f"HMAC keys shared with the payment provider: {ROTATION}. Empty: generated.",
     )
     payment_tolerance_seconds: int = Field(
         300, ge=1, description="Callbacks signed further from now are refused."
     )
 
     # Protecting the hot path (see docs/architecture.md, "Under a stampede").
-    ticket_secret: str = Field("", description="HMAC key for purchase tickets. Empty: generated.")
+    ticket_secret: str = Field(
+        "",
+        description=f"HMAC keys for purchase tickets and queue passes, each at least 32 bytes: "
+        f"{ROTATION}. Empty: generated.",
+    )
     ticket_ttl_seconds: int = Field(30, ge=1, description="How long a purchase ticket is valid.")
     ticket_lead_seconds: int = Field(
         5, ge=0, description="Tickets are issued from this long before the sale starts."
@@ -332,10 +370,18 @@ class Settings(BaseSettings):
 
     def token_key_problems(self) -> list[str]:
         """What the production profile misses to verify tokens."""
+        if self.jwt_jwks_file is not None or self.jwt_jwks_url:
+            return []  # the key set (token_codec checks it is one)
         if self.jwt_algorithm == "HS256" and not self.jwt_secret:
             return [_missing("jwt_secret", "the tokens' HS256 key, none generated")]
         if self.jwt_algorithm != "HS256" and self.jwt_public_key_file is None:
-            return [_missing("jwt_public_key_file", "the PEM key that checks tokens")]
+            return [
+                _missing(
+                    "jwt_public_key_file",
+                    "the PEM key that checks tokens (or a key set: SECKILL_JWT_JWKS_FILE or "
+                    "SECKILL_JWT_JWKS_URL)",
+                )
+            ]
         return []
 
     def require_runnable(self) -> None:

@@ -17,6 +17,10 @@ def isolated_settings(tmp_path: Path, **overrides: Any) -> Settings:
         "jwt_secret": "",
         "jwt_private_key_file": None,
         "jwt_public_key_file": None,
+        "jwt_jwks_file": None,
+        "jwt_jwks_url": "",
+        "jwt_signing_kid": "",
         "payment_secret": "",
+        "ticket_secret": "",
     }
     return Settings(**(defaults | overrides))

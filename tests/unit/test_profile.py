@@ -79,13 +79,36 @@ def test_production_generates_no_key(environment: pytest.MonkeyPatch, tmp_path: 
     assert not (tmp_path / "data" / "secrets").exists()
 
 
-def test_rs256_in_production_needs_the_public_key(environment: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("algorithm", ["RS256", "ES256"])
+def test_rs256_and_es256_in_production_need_the_public_key(
+    environment: pytest.MonkeyPatch, algorithm: str
+) -> None:
     for name, value in COMPLETE.items():
         environment.setenv(name, value)
-    environment.setenv("SECKILL_JWT_ALGORITHM", "RS256")
+    environment.setenv("SECKILL_JWT_ALGORITHM", algorithm)
     environment.delenv("SECKILL_JWT_SECRET")
     problems = Settings().problems()
     assert [p.split(" ")[0] for p in problems] == ["SECKILL_JWT_PUBLIC_KEY_FILE"]
+    assert "SECKILL_JWT_JWKS_FILE" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SECKILL_JWT_JWKS_FILE", "/etc/seckill/jwks.json"),
+        ("SECKILL_JWT_JWKS_URL", "https://id.example.com/.well-known/jwks.json"),
+    ],
+)
+@pytest.mark.parametrize("algorithm", ["HS256", "RS256"])
+def test_a_key_set_verifies_tokens_in_production(
+    environment: pytest.MonkeyPatch, variable: str, value: str, algorithm: str
+) -> None:
+    for name, set_to in COMPLETE.items():
+        environment.setenv(name, set_to)
+    environment.delenv("SECKILL_JWT_SECRET")
+    environment.setenv("SECKILL_JWT_ALGORITHM", algorithm)
+    environment.setenv(variable, value)
+    assert Settings().problems() == []
 
 
 def test_secrets_are_read_from_files(environment: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from seckill.api.request_ids import RequestIds
 from seckill.bootstrap.runtime import Runtime, open_runtime, settle_heap
 from seckill.bootstrap.services import build_context
 from seckill.config import Settings
+from seckill.security.jwks import refreshing
 from seckill.services.tickets import TicketGate
 
 
@@ -70,6 +71,8 @@ def create_app(
                 active = runtime
             app.state.context = build_context(active, ticket_gate=ticket_gate)
             lean_routes.context = app.state.context
+            # A key set the tokens are checked with is loaded again in the background.
+            await stack.enter_async_context(refreshing(app.state.context.tokens, settings))
             yield
 
     lean_routes = LeanRoutes(

@@ -58,7 +58,10 @@ class Credentials:
         ``SECKILL_PAYMENT_SECRET``, or those generated into ``SECKILL_DATA_DIR``)."""
         tokens = token_codec(settings)
         if not tokens.can_mint:
-            raise ValueError("buyer tokens need the signing key: set SECKILL_JWT_PRIVATE_KEY_FILE")
+            raise ValueError(
+                "buyer tokens need the signing key: set SECKILL_JWT_PRIVATE_KEY_FILE (with a "
+                "key set, SECKILL_JWT_SIGNING_KID too)"
+            )
         # A provider signs with one key: the first, as SECKILL_PAYMENT_SECRET orders them.
         signing = payment_secret(settings)[0]
         return cls(tokens=tokens, payment_secret=signing, admin_token=admin_token)

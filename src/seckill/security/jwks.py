@@ -1,0 +1,285 @@
+"""A JSON Web Key Set (RFC 7517) that API tokens are checked against: several keys at once, each
+named by its ``kid`` and pinned to the one algorithm its ``alg`` member names.
+
+Read from ``SECKILL_JWT_JWKS_FILE`` or fetched from ``SECKILL_JWT_JWKS_URL`` when a process builds
+its token codec (``seckill.security.tokens.token_codec``); in the API, ``refreshing`` then loads
+it again every ``SECKILL_JWT_JWKS_REFRESH_SECONDS`` in the background, so an identity provider
+can publish a new key, sign with it, and retire the old one without a restart. A load that fails
+keeps the last good set (and logs a warning): an unreachable provider refuses no one.
+
+Every key must carry ``kid`` and ``alg`` (HS256 with an ``oct`` key of at least 32 bytes, RS256
+with an RSA key of at least 2048 bits, ES256 with an EC P-256 key); keys whose ``use`` is not
+``sig`` are skipped. A set that breaks these rules is refused whole, with a message naming the
+setting and the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import httpx
+from joserfc.errors import JoseError, SecurityWarning
+from joserfc.jwk import ECKey, JWKRegistry, OctKey, RSAKey
+
+from seckill.config import ENV_PREFIX, Settings
+
+if TYPE_CHECKING:
+    from seckill.security.tokens import TokenCodec
+
+log = logging.getLogger(__name__)
+
+Algorithm = Literal["HS256", "RS256", "ES256"]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+KEY_TYPES: dict[str, str] = {"HS256": "oct", "RS256": "RSA", "ES256": "EC"}
+# RFC 7518 §3.2: an HS256 key must be at least as long as the hash output.
+MIN_HMAC_KEY_BYTES = 32
+MIN_RSA_KEY_BITS = 2048
+ES256_CURVE = "P-256"
+
+# A fetch that takes longer is a failed one (the last good set stays).
+FETCH_TIMEOUT_SECONDS = 5.0
+# A key set is a few kilobytes; a larger answer is not one.
+MAX_DOCUMENT_BYTES = 1_000_000
+# A token naming a key not in the set may be the first signed with a key just published: it asks
+# for a load ahead of schedule, at most once in this long, so a stream of made-up kids costs the
+# provider one request per period and nothing more.
+EARLY_REFRESH_SECONDS = 30.0
+
+Key = OctKey | RSAKey | ECKey
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedKey:
+    """A key of the set and the one algorithm it verifies."""
+
+    alg: Algorithm
+    key: Key
+
+
+KeyTable = Mapping[str, PinnedKey]
+"""The keys of a set by ``kid``."""
+
+
+@dataclass(frozen=True, slots=True)
+class JwksSource:
+    """Where a deployment's key set comes from: a file or a URL (``setting`` names which)."""
+
+    setting: str
+    file: Path | None = None
+    url: str = ""
+
+    def load(self) -> dict[str, PinnedKey]:
+        """The set, read or fetched now. ``ValueError`` naming the setting if it cannot be."""
+        if self.file is not None:
+            try:
+                document = self.file.read_bytes()
+            except OSError as error:
+                raise ValueError(
+                    f"{self.setting}: cannot read {self.file}: {error.strerror}"
+                ) from None
+        else:
+            try:
+                response = httpx.get(self.url, timeout=FETCH_TIMEOUT_SECONDS, follow_redirects=True)
+                response.raise_for_status()
+            except httpx.HTTPError as error:
+                raise ValueError(f"{self.setting}: cannot fetch {self.url}: {error}") from None
+            document = response.content
+        return parse_key_set(document, source=self.setting)
+
+    async def aload(self, client: httpx.AsyncClient) -> dict[str, PinnedKey]:
+        """``load``, without blocking the event loop on the network."""
+        if self.file is not None:
+            return self.load()
+        try:
+            response = await client.get(self.url, timeout=FETCH_TIMEOUT_SECONDS)
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            raise ValueError(f"{self.setting}: cannot fetch {self.url}: {error}") from None
+        return parse_key_set(response.content, source=self.setting)
+
+
+def jwks_source(settings: Settings) -> JwksSource | None:
+    """The key set the settings name, or None (tokens are checked with one pinned key).
+    ``ValueError`` when both a file and a URL are named."""
+    file_setting = f"{ENV_PREFIX}JWT_JWKS_FILE"
+    url_setting = f"{ENV_PREFIX}JWT_JWKS_URL"
+    if settings.jwt_jwks_file is not None and settings.jwt_jwks_url:
+        raise ValueError(f"both {file_setting} and {url_setting} are set: keep one")
+    if settings.jwt_jwks_file is not None:
+        return JwksSource(setting=file_setting, file=settings.jwt_jwks_file)
+    if settings.jwt_jwks_url:
+        return JwksSource(setting=url_setting, url=settings.jwt_jwks_url)
+    return None
+
+
+def parse_key_set(document: bytes | str, *, source: str) -> dict[str, PinnedKey]:
+    """The keys of a JWKS document by ``kid``; ``ValueError`` naming ``source`` (the setting)
+    and the key at fault for anything this module's rules refuse."""
+    if len(document) > MAX_DOCUMENT_BYTES:
+        raise ValueError(f"{source}: the key set is larger than {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        parsed = json.loads(document)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{source}: the key set is not JSON: {error}") from None
+    members = parsed.get("keys") if isinstance(parsed, dict) else None
+    if not isinstance(members, list):
+        raise ValueError(f'{source}: a key set is a JSON object with a "keys" list')
+    table: dict[str, PinnedKey] = {}
+    for number, member in enumerate(members, start=1):
+        if not isinstance(member, dict):
+            raise ValueError(f"{source}: key {number} is not a JSON object")
+        if member.get("use", "sig") != "sig":
+            continue  # an encryption key, published beside the signing ones
+        kid = member.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise ValueError(f'{source}: key {number} has no "kid" (each token names its key)')
+        if kid in table:
+            raise ValueError(f"{source}: two keys have the kid {kid!r}")
+        table[kid] = _pinned(member, where=f"{source}: key {kid!r}")
+    if not table:
+        raise ValueError(f"{source}: the key set holds no signing key")
+    return table
+
+
+def fingerprint(table: KeyTable) -> frozenset[tuple[str, str, str]]:
+    """What tells two sets apart: each key's kid, algorithm and RFC 7638 thumbprint (for an
+    ``oct`` key, a digest of the secret)."""
+    return frozenset((kid, pinned.alg, pinned.key.thumbprint()) for kid, pinned in table.items())
+
+
+def _pinned(member: dict[str, Any], *, where: str) -> PinnedKey:
+    alg = member.get("alg")
+    if alg not in ALGORITHMS:
+        shown = "none" if alg is None else repr(alg)
+        raise ValueError(
+            f'{where}: "alg" is {shown}; each key is pinned to one of {", ".join(ALGORITHMS)}'
+        )
+    kty = KEY_TYPES[alg]
+    if member.get("kty") != kty:
+        raise ValueError(f'{where}: an {alg} key has "kty": "{kty}", not {member.get("kty")!r}')
+    try:
+        with quiet_key_sizes():
+            key = JWKRegistry.import_key(member)
+    except (JoseError, ValueError, TypeError) as error:
+        detail = str(error) or type(error).__name__
+        raise ValueError(f"{where}: not a valid {kty} key: {detail}") from None
+    problem = key_problem(key, alg)
+    if problem:
+        raise ValueError(f"{where}: {problem}")
+    assert isinstance(key, OctKey | RSAKey | ECKey)  # the kty above says which
+    return PinnedKey(alg=alg, key=key)
+
+
+@contextlib.contextmanager
+def quiet_key_sizes() -> Iterator[None]:
+    """joserfc warns when it imports a key too short; ``key_problem`` refuses it instead."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SecurityWarning)
+        yield
+
+
+def key_problem(key: Any, alg: Algorithm) -> str | None:
+    """Why ``key`` cannot carry ``alg`` tokens here (wrong type, too short), or None."""
+    if alg == "HS256":
+        if not isinstance(key, OctKey):
+            return "an HS256 key must be an oct key"
+        if len(key.raw_value) < MIN_HMAC_KEY_BYTES:
+            return f"an HS256 key needs at least {MIN_HMAC_KEY_BYTES} bytes"
+    elif alg == "RS256":
+        if not isinstance(key, RSAKey):
+            return "an RS256 key must be an RSA key"
+        if key.public_key.key_size < MIN_RSA_KEY_BITS:
+            return f"an RS256 key needs at least {MIN_RSA_KEY_BITS} bits"
+    elif not isinstance(key, ECKey) or key.curve_name != ES256_CURVE:
+        return f"an ES256 key must be an EC key on {ES256_CURVE}"
+    return None
+
+
+class JwksRefresher:
+    """Loads a codec's key set again every ``interval_seconds``, and early (at most once per
+    ``early_seconds``) when a token names a key the set lacks."""
+
+    def __init__(
+        self,
+        *,
+        codec: TokenCodec,
+        source: JwksSource,
+        interval_seconds: float,
+        early_seconds: float = EARLY_REFRESH_SECONDS,
+    ) -> None:
+        self.codec = codec
+        self.source = source
+        self.interval_seconds = interval_seconds
+        self.early_seconds = early_seconds
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last_early = -early_seconds
+
+    def request_early(self) -> None:
+        """Ask for a load now, unless one was asked for less than ``early_seconds`` ago. Cheap,
+        and safe from any thread."""
+        now = time.monotonic()
+        if self._loop is None or now - self._last_early < self.early_seconds:
+            return
+        self._last_early = now
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def refresh(self, client: httpx.AsyncClient) -> bool:
+        """Load the set once and hand it to the codec; False (and a warning) if that failed,
+        the codec keeping the keys it had."""
+        try:
+            table = await self.source.aload(client)
+        except ValueError as error:
+            log.warning("token keys not refreshed, the last good set stays: %s", error)
+            return False
+        except Exception:
+            # Whatever a document does to the parser, the refresher goes on.
+            log.exception("token keys not refreshed, the last good set stays")
+            return False
+        if self.codec.use_keys(table):
+            log.info("token keys changed (%s): now %s", self.source.setting, ", ".join(table))
+        return True
+
+    async def run(self) -> None:
+        """Refresh until cancelled."""
+        self._loop = asyncio.get_running_loop()
+        self.codec.on_unknown_key = self.request_early
+        try:
+            async with httpx.AsyncClient(follow_redirects=True) as client:
+                while True:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.interval_seconds):
+                            await self._wake.wait()
+                    self._wake.clear()
+                    await self.refresh(client)
+        finally:
+            self.codec.on_unknown_key = None
+
+
+@contextlib.asynccontextmanager
+async def refreshing(codec: TokenCodec, settings: Settings) -> AsyncIterator[JwksRefresher | None]:
+    """While open, ``codec``'s key set is refreshed in the background, when the settings name
+    one (else this does nothing and yields None)."""
+    source = jwks_source(settings)
+    if source is None:
+        yield None
+        return
+    refresher = JwksRefresher(
+        codec=codec, source=source, interval_seconds=settings.jwt_jwks_refresh_seconds
+    )
+    task = asyncio.create_task(refresher.run(), name="jwks-refresher")
+    try:
+        yield refresher
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
