@@ -472,6 +472,7 @@ stale. What the durability settings trade: [durability](durability.md); the clus
 bridge: [order events to brokers](bridge.md). Each secret setting (the Redis, database and
 bridge URLs, which may hold a password, and the keys) may instead be read from a file:
 `SECKILL_<NAME>_FILE=/run/secrets/<name>`. Running on many hosts: [production](production.md).
+Rotating the keys without refusing anyone: [keys](keys.md).
 """
 
 
