@@ -82,6 +82,47 @@ class Settings(BaseSettings):
         "broker) each need their own.",
     )
 
+    # TLS to Redis and SQL (see docs/operations/tls.md). For Redis, a rediss:// URL turns it on.
+    redis_tls_ca_file: Path | None = Field(
+        None,
+        description="rediss://: the CA (PEM) that Redis's certificate must come from, trusted "
+        "besides the system's CAs. Unset: the system's CAs only.",
+    )
+    redis_tls_cert_file: Path | None = Field(
+        None,
+        description="rediss://: the client certificate (PEM) shown to Redis (for "
+        "tls-auth-clients), with redis_tls_key_file.",
+    )
+    redis_tls_key_file: Path | None = Field(
+        None, description="rediss://: the client certificate's private key (PEM)."
+    )
+    redis_tls_check_hostname: bool = Field(
+        True,
+        description="rediss://: Redis's certificate must name the host connected to (on a "
+        "cluster, each node's address as the cluster announces it). false: any certificate "
+        "from the CA will do, for certificates that name no host.",
+    )
+    database_tls: Literal["", "require", "verify-ca", "verify-full"] = Field(
+        "",
+        description="SQL over TLS (PostgreSQL, MariaDB). require: encrypted, the server's "
+        "certificate unchecked. verify-ca: from database_tls_ca_file (or a system CA). "
+        "verify-full: and naming the URL's host. Empty: the URL's options and the driver's "
+        "defaults.",
+    )
+    database_tls_ca_file: Path | None = Field(
+        None,
+        description="verify-ca, verify-full: the CA (PEM) that the database's certificate must "
+        "come from, trusted besides the system's CAs.",
+    )
+    database_tls_cert_file: Path | None = Field(
+        None,
+        description="A client certificate (PEM) shown to the database (PostgreSQL's "
+        "clientcert, MariaDB's REQUIRE X509), with database_tls_key_file.",
+    )
+    database_tls_key_file: Path | None = Field(
+        None, description="The client certificate's private key (PEM)."
+    )
+
     # When an engine write counts as done (see docs/operations/durability.md).
     redis_durability: Literal["fast", "replicas"] = Field(
         "fast",
@@ -471,8 +512,9 @@ stale. What the durability settings trade: [durability](durability.md); the clus
 [Redis Cluster](redis-cluster.md); the waiting room: [waiting room](waiting-room.md); the
 bridge: [order events to brokers](bridge.md). Each secret setting (the Redis, database and
 bridge URLs, which may hold a password, and the keys) may instead be read from a file:
-`SECKILL_<NAME>_FILE=/run/secrets/<name>`. Running on many hosts: [production](production.md).
-Rotating the keys without refusing anyone: [keys](keys.md).
+`SECKILL_<NAME>_FILE=/run/secrets/<name>`. Running on many hosts: [production](production.md);
+TLS to Redis and to SQL: [TLS](tls.md). Rotating the keys without refusing anyone:
+[keys](keys.md).
 """
 
 

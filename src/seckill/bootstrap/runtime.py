@@ -23,6 +23,7 @@ from seckill.redis_server import RedisServer
 from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.store.migrate import upgrade
+from seckill.tls import database_ssl_context, redis_ssl_options
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,8 +44,10 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
     """Connect everything (starting the embedded Redis if no URL is set); close it all on exit.
 
     Raises ``ConfigurationError`` before connecting anything when the settings cannot run
-    under their profile."""
+    under their profile, or name TLS files that cannot be used (see ``seckill.tls``)."""
     settings.require_runnable()
+    redis_tls = redis_ssl_options(settings)  # the files checked before anything connects
+    database_tls = database_ssl_context(settings)
     async with contextlib.AsyncExitStack() as stack:
         embedded = None
         url = settings.redis_url
@@ -58,7 +61,10 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             stack.callback(embedded.stop)
             url = embedded.url
         redis = connect(
-            url, cluster=settings.redis_cluster, max_connections=settings.redis_max_connections
+            url,
+            cluster=settings.redis_cluster,
+            max_connections=settings.redis_max_connections,
+            ssl_options=redis_tls,
         )
         stack.push_async_callback(redis.aclose)
         # The purchase path's calls, batched on connections of their own (see pipelining),
@@ -66,9 +72,10 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         pipeliner: Pipeliner | ClusterPipeliner
         if isinstance(redis, RedisCluster):
             await redis.initialize()  # the slot map, before the first call is routed
-            pipeliner = ClusterPipeliner(ClusterNodes(redis, seed_url=url))
+            nodes = ClusterNodes(redis, seed_url=url, ssl_options=redis_tls)
+            pipeliner = ClusterPipeliner(nodes)
         else:
-            pipeliner = Pipeliner(url)
+            pipeliner = Pipeliner(url, ssl_options=redis_tls)
         stack.push_async_callback(pipeliner.aclose)
         durability = (
             Durability(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
@@ -91,11 +98,12 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
                 )
             )
         pools = {"pool_size": settings.sql_pool_size, "max_overflow": settings.sql_max_overflow}
-        database = open_database(settings.effective_database_url, **pools)
+        database = open_database(settings.effective_database_url, tls=database_tls, **pools)
         stack.push_async_callback(database.dispose)
         bounded = open_database(
             settings.effective_database_url,
             deadline_s=settings.sql_request_timeout_seconds,
+            tls=database_tls,
             **pools,
         )
         stack.push_async_callback(bounded.dispose)

@@ -74,13 +74,19 @@ def config_check() -> None:
     """Print the effective settings (keys and passwords masked) and what keeps them from
     running under their profile: exit 0 when nothing does, 2 otherwise. For a deploy pipeline,
     before anything starts."""
-    from seckill.config import masked
+    from seckill.config import ConfigurationError, masked
+    from seckill.tls import database_ssl_context, redis_ssl_options
 
     settings = current_settings()
     for name in type(settings).model_fields:
         shown = masked(name, getattr(settings, name))
         console.print(f"SECKILL_{name.upper()}={shown}", markup=False, highlight=False)
     problems = settings.problems()
+    for check_tls in (redis_ssl_options, database_ssl_context):
+        try:
+            check_tls(settings)  # the TLS files, read as a process would
+        except ConfigurationError as exc:
+            problems.append(str(exc))
     if problems:
         for problem in problems:
             console.print(f"[red]problem:[/] {problem}", highlight=False, soft_wrap=True)
@@ -100,11 +106,19 @@ def config_docs() -> None:
 @db_commands.command("upgrade")
 def db_upgrade() -> None:
     """Create or migrate the schema to the newest revision."""
+    from seckill.config import ConfigurationError
     from seckill.store.database import open_database
     from seckill.store.migrate import upgrade
+    from seckill.tls import database_ssl_context
+
+    settings = current_settings()
+    try:
+        tls = database_ssl_context(settings)
+    except ConfigurationError as exc:
+        abort(exc)
 
     async def main() -> None:
-        database = open_database(current_settings().effective_database_url)
+        database = open_database(settings.effective_database_url, tls=tls)
         try:
             await upgrade(database)
         finally:

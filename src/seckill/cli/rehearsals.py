@@ -99,7 +99,9 @@ def bench(
         None, envvar="SECKILL_ADMIN_TOKEN", help="An admin token (default: minted from the keys)."
     ),
     database_url: str | None = typer.Option(
-        None, help="The deployment's SQL database, to audit its order rows too."
+        None,
+        help="The deployment's SQL database, to audit its order rows too (over TLS as "
+        "SECKILL_DATABASE_TLS and its files say).",
     ),
     buyers: int = typer.Option(
         _PLAN["buyers"], min=1, help="Buyers in the first crowd (a cap with --duration)."
@@ -149,6 +151,7 @@ def bench(
     from seckill.crowd.client import Credentials
     from seckill.crowd.plan import QueuePlan
     from seckill.crowd.rehearsal import rehearse
+    from seckill.tls import database_ssl_context
 
     plan = _plan(
         buyers=buyers, late_buyers=late_buyers, duration_s=duration, units=units,
@@ -158,7 +161,9 @@ def bench(
     settings = current_settings()
     try:
         credentials = Credentials.from_settings(settings, admin_token=admin_token)
-    except ValueError as exc:
+        database = settings.model_copy(update={"database_url": database_url or ""})
+        database_tls = database_ssl_context(database) if database_url else None
+    except ValueError as exc:  # a ConfigurationError too
         abort(exc)
     queue = None
     if waiting_room:  # the crowd's clock and the deployment's Redis may be on other hosts
@@ -167,7 +172,8 @@ def bench(
     def run() -> bool:
         rehearsal = rehearse(
             url, plan, credentials, kind="bench", console=console, database_url=database_url,
-            report_dir=report_dir, queue=queue, prefix=settings.key_prefix,
+            database_tls=database_tls, report_dir=report_dir, queue=queue,
+            prefix=settings.key_prefix,
         )  # fmt: skip
         return asyncio.run(rehearsal).result["passed"]
 

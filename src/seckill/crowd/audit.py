@@ -9,6 +9,7 @@ own order route, and, when a database URL is given, the order rows in SQL. Each 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ async def read_sale_end(
     counters: dict[str, Any],
     back_on_sale: dict[str, Any] | None,
     database_url: str | None,
+    database_tls: ssl.SSLContext | None = None,
     concurrency: int,
 ) -> SaleEnd:
     audited = await client.audit(item_id)
@@ -66,12 +68,15 @@ async def read_sale_end(
         server_checks=audited.body.get("checks") if audited.status == 200 else None,
         seen=seen,
         refunds=await client.refunds(item_id),
-        sql=await read_book(database_url, item_id) if database_url else None,
+        sql=await read_book(database_url, item_id, tls=database_tls) if database_url else None,
     )
 
 
-async def read_book(database_url: str, item_id: int) -> ItemBook:
-    database = open_database(database_url)
+async def read_book(
+    database_url: str, item_id: int, *, tls: ssl.SSLContext | None = None
+) -> ItemBook:
+    """The item's rows in the deployment's database (over TLS with ``tls``)."""
+    database = open_database(database_url, tls=tls)
     try:
         return await Ledger(database).book(item_id)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ async def rehearse(
     kind: str,
     console: Console,
     database_url: str | None = None,
+    database_tls: ssl.SSLContext | None = None,
     report_dir: Path | None = None,
     queue: QueuePlan | None = None,
     bridge_url: str | None = None,
@@ -55,7 +57,8 @@ async def rehearse(
     ``queue``: the crowd goes through the deployment's waiting room. ``bridge_url``: the broker
     the deployment's bridge forwards to; a consumer follows it from before the item is made
     (skipping messages older than ``since_ms`` or of other key prefixes than the deployment's
-    ``prefix``), and one more verdict judges what it got."""
+    ``prefix``), and one more verdict judges what it got. ``database_url``: the deployment's
+    database, whose rows are audited too (over TLS with ``database_tls``)."""
     from seckill.crowd.report import write_reports
 
     async with contextlib.AsyncExitStack() as stack:
@@ -67,10 +70,13 @@ async def rehearse(
         sale = await open_sale(client, plan, kind=kind, queue=queue)
         with Live(LiveView(sale), console=console, refresh_per_second=4):
             await run_sale(client, sale)
-        checks = await sale.audit(client, database_url=database_url)
+        checks = await sale.audit(client, database_url=database_url, database_tls=database_tls)
         if feed is not None:
             sale.log.phase = "order events"
-            checks.append(await sale.deliveries(feed, database_url=database_url, prefix=prefix))
+            delivered = await sale.deliveries(
+                feed, database_url=database_url, database_tls=database_tls, prefix=prefix
+            )
+            checks.append(delivered)
     result = sale.result(url, checks)
     print_result(console, result)
     json_path = html_path = None

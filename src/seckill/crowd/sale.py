@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,7 +58,13 @@ class Sale:
     watch: StockWatch | None = None  # while the crowd runs: the latest counters seen
     queue_figures: QueueFigures | None = None  # measured by the audit
 
-    async def audit(self, client: ApiClient, *, database_url: str | None = None) -> list[Check]:
+    async def audit(
+        self,
+        client: ApiClient,
+        *,
+        database_url: str | None = None,
+        database_tls: ssl.SSLContext | None = None,
+    ) -> list[Check]:
         """The verdicts on the sale as the system keeps it now."""
         counters = await client.counters(self.item_id)
         end = await read_sale_end(
@@ -67,6 +74,7 @@ class Sale:
             counters=counters.body if counters.status == 200 else {},
             back_on_sale=self.back_on_sale,
             database_url=database_url,
+            database_tls=database_tls,
             concurrency=self.plan.concurrency,
         )
         checks = self.unsettled + verdicts(self.plan, self.log, end)
@@ -80,11 +88,18 @@ class Sale:
         return checks
 
     async def deliveries(
-        self, feed: Feed, *, database_url: str | None = None, prefix: str
+        self,
+        feed: Feed,
+        *,
+        database_url: str | None = None,
+        database_tls: ssl.SSLContext | None = None,
+        prefix: str,
     ) -> Check:
         """The verdict on what a broker's consumer got of the sale's order events (the bridge's
         work): each order the crowd holds, and with a database every event SQL journaled."""
-        book = await read_book(database_url, self.item_id) if database_url else None
+        book = (
+            await read_book(database_url, self.item_id, tls=database_tls) if database_url else None
+        )
         return await delivered(
             feed,
             item_id=self.item_id,
