@@ -429,9 +429,11 @@ class Settings(BaseSettings):
         """Raise ``ConfigurationError`` naming every problem (see ``problems``)."""
         found = self.problems()
         if found:
-            raise ConfigurationError(
-                f"the {self.profile} profile cannot start:\n" + "\n".join(f"- {p}" for p in found)
-            )
+            raise ConfigurationError(self.cannot_start(found))
+
+    def cannot_start(self, problems: list[str]) -> str:
+        """The refusal of a process that has ``problems``: one line each."""
+        return f"the {self.profile} profile cannot start:\n" + "\n".join(f"- {p}" for p in problems)
 
     @property
     def effective_drain_seconds(self) -> float:

@@ -204,3 +204,33 @@ def test_a_process_in_production_refuses_to_start_without_its_settings(tmp_path:
         assert f"SECKILL_{name} is not set" in done.stdout
     assert "SECKILL_JWT_SECRET is not set" not in done.stdout
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("variables", "problem"),
+    [
+        ({"SECKILL_TICKET_SECRET": "k" * 32 + ",,"}, "SECKILL_TICKET_SECRET: key 2 of 3 is empty"),
+        ({"SECKILL_PAYMENT_SECRET": ","}, "SECKILL_PAYMENT_SECRET: key 1 of 2 is empty"),
+        ({"SECKILL_JWT_SECRET": "short"}, "SECKILL_JWT_SECRET: key 1 of 1 has 5 bytes"),
+        ({"SECKILL_REDIS_TLS_CA_FILE": "/nonexistent/ca.pem"}, "SECKILL_REDIS_TLS_CA_FILE"),
+    ],
+)
+def test_a_key_or_file_that_cannot_be_used_stops_a_process_in_any_profile(
+    tmp_path: Path, variables: dict[str, str], problem: str
+) -> None:
+    """Checked as the process would use it, before it starts anything: config check lists it,
+    a worker refuses to start with it (exit 2, no traceback)."""
+    checked = config_check(tmp_path, **variables)
+    assert checked.returncode == 2
+    assert problem in checked.stdout
+    started = subprocess.run(
+        [sys.executable, "-m", "seckill.cli", "worker", "reaper"],
+        capture_output=True,
+        text=True,
+        env=clean_env(tmp_path, **variables),
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert started.returncode == 2
+    assert problem in started.stdout and "Traceback" not in started.stderr
+    assert not (tmp_path / "data").exists()

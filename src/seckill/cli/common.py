@@ -68,14 +68,13 @@ def start_process(*, processes: int = 1) -> Settings:
     process of the deployment shares. prometheus_client picks its mode when first imported, so
     this runs before anything imports it (seckill.serve and the workers do).
     """
-    from seckill.config import ConfigurationError
+    from seckill.bootstrap.checks import configuration_problems
     from seckill.observability.logs import configure_logging
 
     settings = current_settings()
-    try:
-        settings.require_runnable()  # before anything is started: nothing half-running
-    except ConfigurationError as exc:
-        abort(exc)
+    problems = configuration_problems(settings)  # before anything starts: nothing half-running
+    if problems:
+        abort(settings.cannot_start(problems))
     path = settings.metrics_dir
     if path is None and processes > 1:
         # The API's own processes still add up: a directory of its own, emptied at start.

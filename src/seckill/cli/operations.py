@@ -74,19 +74,14 @@ def config_check() -> None:
     """Print the effective settings (keys and passwords masked) and what keeps them from
     running under their profile: exit 0 when nothing does, 2 otherwise. For a deploy pipeline,
     before anything starts."""
-    from seckill.config import ConfigurationError, masked
-    from seckill.tls import database_ssl_context, redis_ssl_options
+    from seckill.bootstrap.checks import configuration_problems
+    from seckill.config import masked
 
     settings = current_settings()
     for name in type(settings).model_fields:
         shown = masked(name, getattr(settings, name))
         console.print(f"SECKILL_{name.upper()}={shown}", markup=False, highlight=False)
-    problems = settings.problems()
-    for check_tls in (redis_ssl_options, database_ssl_context):
-        try:
-            check_tls(settings)  # the TLS files, read as a process would
-        except ConfigurationError as exc:
-            problems.append(str(exc))
+    problems = configuration_problems(settings)
     if problems:
         for problem in problems:
             console.print(f"[red]problem:[/] {problem}", highlight=False, soft_wrap=True)
