@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from seckill.config import Settings
-from seckill.security.jwks import Algorithm, parse_key_set, refreshing
+from seckill.security.jwks import Algorithm, parse_key_set
+from seckill.security.key_refresh import refreshing
 from seckill.security.passes import BadPass, PassCodec, QueuePass
 from seckill.security.signatures import BadSignature, payment_secret, sign, verify_signature
 from seckill.security.tickets import BadTicket, TicketCodec, ticket_secret

@@ -31,7 +31,7 @@ from seckill.api.request_ids import RequestIds
 from seckill.bootstrap.runtime import Runtime, open_runtime, settle_heap
 from seckill.bootstrap.services import build_context
 from seckill.config import Settings
-from seckill.security.jwks import refreshing
+from seckill.security.key_refresh import refreshing
 from seckill.services.tickets import TicketGate
 
 

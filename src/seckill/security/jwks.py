@@ -2,10 +2,11 @@
 named by its ``kid`` and pinned to the one algorithm its ``alg`` member names.
 
 Read from ``SECKILL_JWT_JWKS_FILE`` or fetched from ``SECKILL_JWT_JWKS_URL`` when a process builds
-its token codec (``seckill.security.tokens.token_codec``); in the API, ``refreshing`` then loads
-it again every ``SECKILL_JWT_JWKS_REFRESH_SECONDS`` in the background, so an identity provider
-can publish a new key, sign with it, and retire the old one without a restart. A load that fails
-keeps the last good set (and logs a warning): an unreachable provider refuses no one.
+its token codec (``seckill.security.tokens.token_codec``); in the API,
+``seckill.security.key_refresh`` then loads it again every ``SECKILL_JWT_JWKS_REFRESH_SECONDS``,
+so an identity provider can publish a new key, sign with it, and retire the old one without a
+restart. A load that fails keeps the last good set (and logs a warning): an unreachable
+provider refuses no one.
 
 Every key must carry ``kid`` and ``alg`` (HS256 with an ``oct`` key of at least 32 bytes, RS256
 with an RSA key of at least 2048 bits, ES256 with an EC P-256 key); keys whose ``use`` is not
@@ -15,27 +16,19 @@ setting and the key.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import logging
-import time
 import warnings
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import Any, Literal, get_args
 
 import httpx
 from joserfc.errors import JoseError, SecurityWarning
 from joserfc.jwk import ECKey, JWKRegistry, OctKey, RSAKey
 
 from seckill.config import ENV_PREFIX, Settings
-
-if TYPE_CHECKING:
-    from seckill.security.tokens import TokenCodec
-
-log = logging.getLogger(__name__)
 
 Algorithm = Literal["HS256", "RS256", "ES256"]
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
@@ -49,10 +42,6 @@ ES256_CURVE = "P-256"
 FETCH_TIMEOUT_SECONDS = 5.0
 # A key set is a few kilobytes; a larger answer is not one.
 MAX_DOCUMENT_BYTES = 1_000_000
-# A token naming a key not in the set may be the first signed with a key just published: it asks
-# for a load ahead of schedule, at most once in this long, so a stream of made-up kids costs the
-# provider one request per period and nothing more.
-EARLY_REFRESH_SECONDS = 30.0
 
 Key = OctKey | RSAKey | ECKey
 
@@ -202,84 +191,3 @@ def key_problem(key: Any, alg: Algorithm) -> str | None:
     elif not isinstance(key, ECKey) or key.curve_name != ES256_CURVE:
         return f"an ES256 key must be an EC key on {ES256_CURVE}"
     return None
-
-
-class JwksRefresher:
-    """Loads a codec's key set again every ``interval_seconds``, and early (at most once per
-    ``early_seconds``) when a token names a key the set lacks."""
-
-    def __init__(
-        self,
-        *,
-        codec: TokenCodec,
-        source: JwksSource,
-        interval_seconds: float,
-        early_seconds: float = EARLY_REFRESH_SECONDS,
-    ) -> None:
-        self.codec = codec
-        self.source = source
-        self.interval_seconds = interval_seconds
-        self.early_seconds = early_seconds
-        self._wake = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._last_early = -early_seconds
-
-    def request_early(self) -> None:
-        """Ask for a load now, unless one was asked for less than ``early_seconds`` ago. Cheap,
-        and safe from any thread."""
-        now = time.monotonic()
-        if self._loop is None or now - self._last_early < self.early_seconds:
-            return
-        self._last_early = now
-        self._loop.call_soon_threadsafe(self._wake.set)
-
-    async def refresh(self, client: httpx.AsyncClient) -> bool:
-        """Load the set once and hand it to the codec; False (and a warning) if that failed,
-        the codec keeping the keys it had."""
-        try:
-            table = await self.source.aload(client)
-        except ValueError as error:
-            log.warning("token keys not refreshed, the last good set stays: %s", error)
-            return False
-        except Exception:
-            # Whatever a document does to the parser, the refresher goes on.
-            log.exception("token keys not refreshed, the last good set stays")
-            return False
-        if self.codec.use_keys(table):
-            log.info("token keys changed (%s): now %s", self.source.setting, ", ".join(table))
-        return True
-
-    async def run(self) -> None:
-        """Refresh until cancelled."""
-        self._loop = asyncio.get_running_loop()
-        self.codec.on_unknown_key = self.request_early
-        try:
-            async with httpx.AsyncClient(follow_redirects=True) as client:
-                while True:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(self.interval_seconds):
-                            await self._wake.wait()
-                    self._wake.clear()
-                    await self.refresh(client)
-        finally:
-            self.codec.on_unknown_key = None
-
-
-@contextlib.asynccontextmanager
-async def refreshing(codec: TokenCodec, settings: Settings) -> AsyncIterator[JwksRefresher | None]:
-    """While open, ``codec``'s key set is refreshed in the background, when the settings name
-    one (else this does nothing and yields None)."""
-    source = jwks_source(settings)
-    if source is None:
-        yield None
-        return
-    refresher = JwksRefresher(
-        codec=codec, source=source, interval_seconds=settings.jwt_jwks_refresh_seconds
-    )
-    task = asyncio.create_task(refresher.run(), name="jwks-refresher")
-    try:
-        yield refresher
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
