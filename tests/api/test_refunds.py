@@ -1,6 +1,6 @@
 """Refunds owed, from the charge to the operator: every success that paid nothing lands as one
 refund row per payment, listed (paged, by item and state) over HTTP and by `seckill refunds`,
-marked refunded once, shown on the dashboard."""
+marked refunded once, shown on the dashboard and counted by the reconciler's gauge."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from seckill.services.reconcile.reconciler import Reconciler
+from seckill.workers.reconciler import ReconcilerWorker
 from tests.api.conftest import Api
+from tests.api.test_metrics import scrape, value
 from tests.seckill_cli import seckill
 
 pytestmark = pytest.mark.redis_variants("redis7")
@@ -111,3 +114,35 @@ async def test_refunds_owed_land_once_page_and_are_marked_once(served: Api, tmp_
     missing = await asyncio.to_thread(seckill, "refunds", "mark", str(item_id), "pay-1", **where)
     assert missing.returncode == 1
     assert "no refund is owed" in missing.stdout
+
+
+async def test_each_reconciler_pass_counts_the_refunds_owed(served: Api) -> None:
+    """``seckill_refunds_owed``: every refund not marked refunded yet, set by each pass."""
+    runtime = served.runtime
+    worker = ReconcilerWorker(
+        reconciler=Reconciler(runtime.engine, runtime.ledger, grace_ms=5_000),
+        redis=runtime.redis,
+        scripts=runtime.engine.scripts,
+        prefix=served.settings.key_prefix,
+        interval_s=0,  # a full pass at every call
+        repair=False,
+        engine=runtime.engine,
+    )
+
+    async def owed_after_a_pass() -> float:
+        await worker.run_once()
+        return value(await scrape(served), "seckill_refunds_owed")
+
+    assert await owed_after_a_pass() == 0
+    item_id = await served.create_item(total=5)
+    alice = await buy(served, item_id, "alice")
+    assert (await served.pay(item_id, alice, "pay-1")).json()["outcome"] == "paid"
+    for payment_id in ("pay-2", "pay-3"):  # charged twice more: two refunds owed
+        paid = await served.pay(item_id, alice, payment_id)
+        assert paid.json()["refund_reason"] == "duplicate_charge"
+    await landed(served, 2)
+    assert await owed_after_a_pass() == 2
+
+    path = f"/api/v1/admin/items/{item_id}/refunds/pay-2/refunded"
+    assert (await served.http.post(path, headers=served.as_admin)).status_code == 200
+    assert await owed_after_a_pass() == 1

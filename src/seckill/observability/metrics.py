@@ -158,6 +158,12 @@ RECONCILER_LAST_PASS = Gauge(
     "Unix time at which the reconciler last finished a pass (the latest over every process).",
     multiprocess_mode="max",
 )
+REFUNDS_OWED = Gauge(
+    "seckill_refunds_owed",
+    "Refunds owed and not marked refunded yet, over every item in SQL, archived ones included, "
+    "as the reconciler's last pass counted them.",
+    multiprocess_mode="mostrecent",
+)
 
 # -- Protecting Redis and SQL from a crowd -------------------------------------------------------
 
@@ -259,11 +265,15 @@ def exposition() -> bytes:
     return generate_latest(registry())
 
 
-def record_reconciler_pass(kinds: Iterable[str], found: Iterable[str]) -> None:
-    """A reconciler pass ended: count it, and set the drift gauge of every kind in ``kinds``
-    to the findings of that kind in ``found`` (0 when none)."""
+def record_reconciler_pass(
+    kinds: Iterable[str], found: Iterable[str], *, refunds_owed: int | None = None
+) -> None:
+    """A reconciler pass ended: count it, set the drift gauge of every kind in ``kinds`` to
+    the findings of that kind in ``found`` (0 when none), and the refunds owed if counted."""
     counts = Tally(found)
     for kind in kinds:
         RECONCILER_DRIFT.labels(kind=kind).set(counts[kind])
+    if refunds_owed is not None:
+        REFUNDS_OWED.set(refunds_owed)
     RECONCILER_PASSES.inc()
     RECONCILER_LAST_PASS.set(time.time())

@@ -108,6 +108,18 @@ class Payments:
             )
             return {item_id: Owed(int(count), int(cents)) for item_id, count, cents in rows}
 
+    async def owed_in_all(self) -> Owed:
+        """The refunds still owed over every item, archived ones included (one statement)."""
+        async with self.engine.connect() as conn:
+            count, cents = (
+                await conn.execute(
+                    select(func.count(), func.coalesce(func.sum(Refund.amount_cents), 0)).where(
+                        Refund.refunded_at.is_(None)
+                    )
+                )
+            ).one()
+            return Owed(int(count), int(cents))
+
     async def keep(self, item_id: int, payments: Sequence[PaymentRecord]) -> None:
         """Record an item's payment notices (one already recorded keeps its first answer)."""
         async with self.engine.begin() as conn:

@@ -79,9 +79,11 @@ class ReconcilerWorker:
                     report.item_id, finding.kind, finding.subject, finding.redis, finding.sql,
                     finding.detail,
                 )  # fmt: skip
+        owed = await self._reconciler.refunds_owed()
         self.reports = reports
         self.passes += 1
-        metrics.record_reconciler_pass(Drift, (f.kind for r in reports for f in r.found))
+        found = (f.kind for r in reports for f in r.found)
+        metrics.record_reconciler_pass(Drift, found, refunds_owed=owed)
 
     async def _hold_upkeep_lock(self) -> bool:
         """Take the upkeep lock, or keep it if this replica holds it; False while another does."""

@@ -136,6 +136,10 @@ class Reconciler:
         loaded = set(await self._engine.item_ids())
         return sorted(loaded | set(await self._ledger.unfinished_item_ids()))
 
+    async def refunds_owed(self) -> int:
+        """Refunds owed and not marked refunded yet, over every item (archived ones too)."""
+        return (await self._ledger.payments.owed_in_all()).count
+
     async def compare(self, item_id: int) -> Comparison:
         """Compare one item now (see ``compare_many``)."""
         return (await self.compare_many([item_id]))[item_id]
