@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts check-deploy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ system-deps:
 # tests stay together, in order, and share its servers.
 test: system-deps lint
 	$(BIN)/pytest -n auto --dist loadscope $(PYTEST_ARGS)
+
+# The deploy assets, offline: compose and the Kubernetes manifests rendered and checked against
+# their schemas and against the product (settings, command lines, probes, ports). kubectl from
+# scripts/system-deps.
+check-deploy: system-deps $(STAMP)
+	$(BIN)/pytest tests/deploy -q
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine

@@ -7,9 +7,11 @@ lives in a namespace of its own (``sk-<run>-lan``), so nothing is added to the m
 network namespace: ``redis`` (a Redis Cluster of 3 masters with a replica each), ``db`` (a
 PostgreSQL instance of the run's own), ``api1`` and ``api2`` (one ``seckill api`` each),
 ``workers`` (persister, reaper, reconciler and archiver, each its own ``seckill worker``) and
-``client`` (the crowd and the verdicts). Every seckill process runs with
-``SECKILL_PROFILE=production``, its stores and keys given by its environment, as a host of a
-real deployment would.
+``client`` (the crowd and the verdicts). Every seckill process is started from the command line
+and the plain environment its role has in the Kubernetes manifests (``deploy/k8s/base``,
+rendered with kubectl; ``benchmarks.manifests``), the production profile among them, with the
+rehearsal's own stores, keys, addresses, ports and data directories layered on top, as a host
+of a real deployment would run it.
 
 The sale: buyers spread over both APIs (each buyer tries one and, when it gets no answer or a
 503, sends the same request, with the same idempotency key or payment id, to the other); they
@@ -24,8 +26,8 @@ The verdicts: no oversell, no undersell, no buyer above the limit, every 202 lan
 every `paid` answer still paid, Redis == SQL and the audit passes, every request answered with
 no server error, the surviving API served on after the kill, and /readyz of the draining host
 went 503 before it stopped. Exit code 0 when every verdict passes, 1 when one fails, 3 when
-hosts cannot be built here (not root, no ``ip netns``, no PostgreSQL or redis-server: the
-message says which). Every namespace and process of the run is removed at the end, on failure
+hosts cannot be built here (not root, no ``ip netns``, no PostgreSQL, redis-server or kubectl:
+the message says which). Every namespace and process of the run is removed at the end, on failure
 and on Ctrl-C too; a run's namespaces are named ``sk-<run>-<host>``, and ``--clean RUN``
 removes what a run killed outright left behind.
 """
@@ -57,6 +59,7 @@ from rich.table import Table
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from benchmarks.manifests import NoKubectl, Role, k8s_roles, render
 from benchmarks.soak import (
     Buyers,
     Process,
@@ -84,12 +87,11 @@ DRAIN_SECONDS = 1
 # The last octet of each host's address; workers2 is the worker host's replacement.
 HOSTS = {"redis": 10, "db": 20, "api1": 31, "api2": 32, "workers": 41, "client": 50}
 REPLACEMENT = ("workers2", 42)
-WORKERS = {
-    "persister": ("worker", "persister", "--claim-idle-ms", "2000"),
-    "reaper": ("worker", "reaper"),
-    "reconciler": ("worker", "reconciler"),
-    "archiver": ("worker", "archiver"),
-}
+# The worker host's roles, each started from its manifest (deploy/k8s/base), each on a metrics
+# port of its own (one host runs them all). The rehearsal's own flags follow the manifest's
+# argv: a persister on the replaced host takes over what the old one left within 2 s.
+WORKERS = {"persister": 9101, "reaper": 9102, "reconciler": 9103, "archiver": 9104}
+REHEARSAL_FLAGS = {"persister": ("--claim-idle-ms", "2000")}
 READY_POLL_S = 0.05
 STOP_LIMIT_S = 20.0
 
@@ -222,6 +224,15 @@ def free_subnet() -> str:
     raise NoHosts("no free 10.x.y.0/24 subnet")
 
 
+def manifest_roles() -> dict[str, Role]:
+    """Each role as deploy/k8s/base declares it (rendered with kubectl)."""
+    roles = k8s_roles(render())
+    missing = {"api", "migration", *WORKERS} - set(roles)
+    if missing:
+        raise RuntimeError(f"deploy/k8s/base declares no {', '.join(sorted(missing))}")
+    return roles
+
+
 def postgres_bin() -> Path | None:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/postgres"), key=lambda p: p.parent)
     return found[-1].parent if found else None
@@ -240,6 +251,10 @@ def why_no_hosts() -> str | None:
         return "no redis-server on PATH"
     if postgres_bin() is None:
         return "no PostgreSQL server (/usr/lib/postgresql/*/bin/postgres)"
+    try:
+        manifest_roles()
+    except NoKubectl as exc:
+        return str(exc)
     return None
 
 
@@ -361,30 +376,42 @@ class Site:
             binary=shutil.which("redis-server"),
         )  # fmt: skip
         self.db = Postgres(network, self.scratch / "db", self.logs / "postgres.log")
-        self.apis = [self.process(host, "api", "--server", knobs.server, "--port", str(API_PORT))
+        self.roles = manifest_roles()
+        self.apis = [self.process(host, "api", "--server", knobs.server)
                      for host in ("api1", "api2")]  # fmt: skip
         self.workers = self.worker_processes("workers")
         self.retired: list[Process] = []
 
-    def process(self, host: str, *args: str, name: str | None = None) -> Process:
-        argv = [*self.network.exec(host), sys.executable, "-m", "seckill.cli", *args]
+    def process(self, host: str, role: str, *flags: str, name: str | None = None) -> Process:
+        """``role``'s process on ``host``: the manifest's argv, then the rehearsal's ``flags``;
+        the manifest's plain environment under the host's own (``env``)."""
+        declared = self.roles[role]
+        argv = [*self.network.exec(host), sys.executable, "-m", "seckill.cli", *declared.argv,
+                *flags]  # fmt: skip
         log = self.logs / f"{name or host}.log"
-        return Process(name or host, argv, lambda: self.env(host), log)
+        return Process(name or host, argv, lambda: self.env(host, declared), log)
 
     def worker_processes(self, host: str) -> list[Process]:
-        return [self.process(host, *argv, name=f"{host}-{kind}") for kind, argv in WORKERS.items()]
+        return [self.process(host, kind, *REHEARSAL_FLAGS.get(kind, ()), name=f"{host}-{kind}")
+                for kind in WORKERS]  # fmt: skip
 
     @property
     def processes(self) -> list[Process]:
         return [*self.apis, *self.workers, *self.retired]
 
-    def env(self, host: str) -> dict[str, str]:
-        """A host's environment: the production profile with every setting it needs, its own
-        address and data directory; the hosts learn the cluster from different masters."""
+    def env(self, host: str, role: Role | None = None) -> dict[str, str]:
+        """A host's environment: the role's plain settings as the manifests declare them
+        (no secret file paths), under the rehearsal's own stores, keys, addresses, ports and
+        data directory; the hosts learn the cluster from different masters."""
         ours = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
+        declared = role.plain_env() if role is not None else {}
         primaries = self.cluster.ports[: self.cluster.masters]
         node = primaries[[*HOSTS, REPLACEMENT[0]].index(host) % len(primaries)]
-        return ours | self.secrets | {
+        metrics = {}
+        if role is not None and role.name in WORKERS:
+            metrics = {"SECKILL_METRICS_HOST": self.network.address(host),
+                       "SECKILL_METRICS_PORT": str(WORKERS[role.name])}  # fmt: skip
+        return ours | declared | self.secrets | metrics | {
             "SECKILL_PROFILE": "production",
             "SECKILL_REDIS_URL": f"redis://{self.network.address('redis')}:{node}",
             "SECKILL_REDIS_CLUSTER": "true",
@@ -415,11 +442,13 @@ class Site:
             asyncio.to_thread(self.cluster.start), asyncio.to_thread(self.db.start)
         )
         await self.db.wait_ready()
-        upgrade = [*self.network.exec("workers"), sys.executable, "-m", "seckill.cli", "db",
-                   "upgrade"]  # fmt: skip
+        migration = self.roles["migration"]
+        upgrade = [*self.network.exec("workers"), sys.executable, "-m", "seckill.cli",
+                   *migration.argv]  # fmt: skip
         done = await asyncio.to_thread(
-            subprocess.run, upgrade, env=self.env("workers"), capture_output=True, text=True
-        )
+            subprocess.run, upgrade, env=self.env("workers", migration), capture_output=True,
+            text=True,
+        )  # fmt: skip
         if done.returncode:
             raise RuntimeError(f"seckill db upgrade failed: {done.stdout}{done.stderr}")
         for p in [*self.apis, *self.workers]:
