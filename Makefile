@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts check-deploy clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,18 @@ system-deps:
 test: system-deps lint
 	$(BIN)/pytest -n auto --dist loadscope $(PYTEST_ARGS)
 
-# The deploy assets, offline: compose and the Kubernetes manifests rendered and checked against
-# their schemas and against the product (settings, command lines, probes, ports). kubectl from
-# scripts/system-deps.
-check-deploy: system-deps $(STAMP)
-	$(BIN)/pytest tests/deploy -q
+# The image's locks (deploy/): pyproject's runtime dependencies (requirements.lock) and its build
+# backend (build.lock), pinned with hashes for CPython 3.11 on Linux; the aarch64 resolution must
+# match the x86-64 one. Pins already there are kept: LOCK_ARGS=--upgrade takes the newest.
+LOCK := $(BIN)/uv pip compile --quiet --generate-hashes --python-version 3.11 \
+	--custom-compile-command 'make lock' $(LOCK_ARGS)
+lock: $(STAMP)
+	$(LOCK) --python-platform x86_64-manylinux_2_36 -o deploy/requirements.lock pyproject.toml
+	cp deploy/requirements.lock $(VENV)/requirements-aarch64.lock
+	$(LOCK) --python-platform aarch64-manylinux_2_36 -o $(VENV)/requirements-aarch64.lock pyproject.toml
+	diff -u deploy/requirements.lock $(VENV)/requirements-aarch64.lock
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
+	  | $(LOCK) --python-platform x86_64-manylinux_2_36 -o deploy/build.lock -
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine
