@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts lock clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts check-deploy lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,12 @@ lock: $(STAMP)
 	diff -u deploy/requirements.lock $(VENV)/requirements-aarch64.lock
 	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK) --python-platform x86_64-manylinux_2_36 -o deploy/build.lock -
+
+# The deploy assets, offline: compose and the Kubernetes manifests rendered and checked against
+# their schemas and against the product (settings, command lines, probes, ports). kubectl from
+# scripts/system-deps.
+check-deploy: system-deps $(STAMP)
+	$(BIN)/pytest tests/deploy -q
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.engine
