@@ -66,6 +66,7 @@ from benchmarks.soak import (
     Record,
     Verdict,
     put_on_sale,
+    tally,
     wait_healthy,
     wait_settled,
 )
@@ -677,14 +678,7 @@ async def verdicts(
                 select(Order.id, Order.buyer, Order.quantity, Order.status)
                 .where(Order.item_id == item_id)
             )).all()  # fmt: skip
-    orders = {str(r.id): r for r in rows}
-    live = [r for r in rows if r.status in (OrderStatus.HELD, OrderStatus.PAID)]
-    sold_units = sum(r.quantity for r in rows if r.status == OrderStatus.PAID)
-    held_units = sum(r.quantity for r in live if r.status == OrderStatus.HELD)
-    per_buyer = Counter[str]()
-    for r in live:
-        per_buyer[r.buyer] += r.quantity
-    over = [b for b, units in per_buyer.items() if units > 1]
+    orders, sold_units, held_units, per_buyer, over = tally(rows)
     lost = [s for s in record.sold.values() if s.order_id not in orders]
     told_paid = [s for s in record.sold.values() if s.paid_at is not None]
     unpaid = [

@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -653,6 +653,21 @@ async def delivered_events(url: str) -> tuple[dict[str, tuple[str, str]], int]:
         await client.close()
 
 
+def tally(rows: Sequence[Any]) -> tuple[dict[str, Any], int, int, Counter[str], list[str]]:
+    """An item's order rows (id, buyer, quantity, status) as the verdicts read them: the rows
+    by order id, the units sold and held, the units each buyer holds or paid, and the buyers
+    above one unit."""
+    orders = {str(r.id): r for r in rows}
+    live = [r for r in rows if r.status in (OrderStatus.HELD, OrderStatus.PAID)]
+    sold_units = sum(r.quantity for r in rows if r.status == OrderStatus.PAID)
+    held_units = sum(r.quantity for r in live if r.status == OrderStatus.HELD)
+    per_buyer = Counter[str]()
+    for r in live:
+        per_buyer[r.buyer] += r.quantity
+    over = [b for b, units in per_buyer.items() if units > 1]
+    return orders, sold_units, held_units, per_buyer, over
+
+
 async def verdicts(
     deployment: Deployment, item_id: int, knobs: Knobs, record: Record, faults: list[Fault]
 ) -> list[Verdict]:
@@ -673,14 +688,7 @@ async def verdicts(
             copies_in_sql = (await conn.execute(
                 select(func.count()).select_from(Order).where(Order.item_id == item_id)
             )).scalar_one()  # fmt: skip
-    orders = {str(r.id): r for r in rows}
-    live = [r for r in rows if r.status in (OrderStatus.HELD, OrderStatus.PAID)]
-    sold_units = sum(r.quantity for r in rows if r.status == OrderStatus.PAID)
-    held_units = sum(r.quantity for r in live if r.status == OrderStatus.HELD)
-    per_buyer = Counter[str]()
-    for r in live:
-        per_buyer[r.buyer] += r.quantity
-    over = [b for b, units in per_buyer.items() if units > 1]
+    orders, sold_units, held_units, per_buyer, over = tally(rows)
 
     def lost_with_redis(answered_at: float) -> bool:
         """Answered shortly before Redis lost writes (the ``fast`` durability's loss)."""
