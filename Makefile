@@ -28,7 +28,7 @@ system-deps:
 # One test process per core (each starts its own Redis servers and SQL databases); a module's
 # tests stay together, in order, and share its servers.
 test: system-deps lint
-	$(BIN)/pytest -n auto --dist loadscope $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 # The image's locks (deploy/): pyproject's runtime dependencies (requirements.lock) and its build
 # backend (build.lock), pinned with hashes for CPython 3.11 on Linux; the aarch64 resolution must
