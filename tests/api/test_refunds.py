@@ -68,9 +68,9 @@ async def test_refunds_owed_land_once_page_and_are_marked_once(served: Api, tmp_
 
     first = await refunds(served, f"?item_id={item_id}&limit=1")
     assert [r["payment_id"] for r in first["refunds"]] == ["pay/3:card"]
-    rest = await refunds(served, f"?item_id={item_id}&limit=1&cursor={first['next']}")
+    rest = await refunds(served, f"?item_id={item_id}&limit=1&cursor={first['next_cursor']}")
     assert [r["payment_id"] for r in rest["refunds"]] == ["pay-2"]
-    assert rest["next"] is None
+    assert rest["next_cursor"] is None
     assert (await refunds(served, f"?item_id={item_id + 1}"))["refunds"] == []
 
     path = f"/api/v1/admin/items/{item_id}/refunds/pay/3:card/refunded"

@@ -13,6 +13,7 @@ from seckill.api.bodies import body_schema, strict_body
 from seckill.api.buyers import item_out
 from seckill.api.context import context
 from seckill.api.errors import documented
+from seckill.api.paging import DEFAULT_LIMIT, Cursor, Limit, decode_cursor, id_cursor, id_position
 from seckill.api.paths import ItemId
 from seckill.api.schemas import (
     AdmissionOut,
@@ -24,6 +25,7 @@ from seckill.api.schemas import (
     ItemCountersOut,
     ItemOut,
     ItemStageOut,
+    ItemStagePageOut,
     NewItemIn,
     QueueReportOut,
     WarmOut,
@@ -104,14 +106,26 @@ async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersO
     )
 
 
-@router.get("/items", response_model=list[ItemStageOut], responses=documented(401, 403, 503))
-async def items(_: AdminIdentity, ctx: Ctx) -> list[ItemStageOut]:
-    """Every item with its stage (scheduled, on_sale, ended, settled, archived) and what keeps
-    it from being archived."""
-    return [
-        _stage_out(record.name, record.starts_at, record.ends_at, settled)
-        for record, settled in await _archivist(ctx).stages()
-    ]
+@router.get("/items", response_model=ItemStagePageOut, responses=documented(401, 403, 422, 503))
+async def items(
+    _: AdminIdentity,
+    ctx: Ctx,
+    stage: Annotated[Stage | None, Query(description="Items at this stage only.")] = None,
+    cursor: Cursor = None,
+    limit: Limit = DEFAULT_LIMIT,
+) -> ItemStagePageOut:
+    """The items, newest first, a page at a time, each with its stage (scheduled, on_sale,
+    ended, settled, archived) and what keeps it from being archived."""
+    page = await _archivist(ctx).page(
+        stage_of=stage, before=decode_cursor(cursor, id_position), limit=limit
+    )
+    return ItemStagePageOut(
+        items=[
+            _stage_out(record.name, record.starts_at, record.ends_at, settled)
+            for record, settled in page.stages
+        ],
+        next_cursor=id_cursor(page.next_cursor),
+    )
 
 
 @router.post(

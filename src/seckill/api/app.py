@@ -14,6 +14,7 @@ from seckill.api import (
     admin,
     buyers,
     dashboard,
+    dead_letters,
     health,
     metrics,
     payments,
@@ -88,7 +89,8 @@ def create_app(
     app.state.drain = drain or Drain()
     install_error_handlers(app)
     routers = (
-        buyers, tickets, queue, admin, refunds, payments, health, metrics, dashboard, waiting_page
+        buyers, tickets, queue, admin, refunds, dead_letters, payments, health, metrics, dashboard,
+        waiting_page,
     )  # fmt: skip
     for module in routers:
         app.include_router(module.router)

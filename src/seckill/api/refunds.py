@@ -10,12 +10,13 @@ from fastapi import APIRouter, Depends, Query
 from seckill.api.auth import AdminIdentity
 from seckill.api.context import context
 from seckill.api.errors import documented
+from seckill.api.paging import DEFAULT_LIMIT, Cursor, Limit, decode_cursor, id_cursor, id_position
 from seckill.api.paths import ItemId
 from seckill.api.schemas import RefundOut, RefundPageOut
 from seckill.bootstrap.services import Context
 from seckill.domain.money import RefundState
 from seckill.domain.rules import MAX_ID
-from seckill.services.refunds import MAX_PAGE, list_refunds, mark_refunded
+from seckill.services.refunds import list_refunds, mark_refunded
 from seckill.store.records import RefundRecord
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
@@ -28,17 +29,15 @@ async def refunds(
     ctx: Ctx,
     item_id: Annotated[int | None, Query(ge=1, le=MAX_ID, description="One item's only.")] = None,
     state: Annotated[RefundState | None, Query(description="owed or refunded.")] = None,
-    cursor: Annotated[
-        int | None, Query(ge=1, le=MAX_ID, description="The `next` of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    cursor: Cursor = None,
+    limit: Limit = DEFAULT_LIMIT,
 ) -> RefundPageOut:
     """Refunds owed for successful charges that paid nothing (the order released first, or
-    paid by another payment), newest first."""
-    page = await list_refunds(ctx.ledger, item_id=item_id, state=state, cursor=cursor, limit=limit)
+    paid by another payment), newest first, a page at a time."""
+    before = decode_cursor(cursor, id_position)
+    page = await list_refunds(ctx.ledger, item_id=item_id, state=state, cursor=before, limit=limit)
     return RefundPageOut(
-        refunds=[refund_out(r) for r in page.refunds],
-        next=None if page.next_cursor is None else str(page.next_cursor),
+        refunds=[refund_out(r) for r in page.refunds], next_cursor=id_cursor(page.next_cursor)
     )
 
 

@@ -220,12 +220,41 @@ class RefundOut(BaseModel):
     refunded_at: datetime | None
 
 
-class RefundPageOut(BaseModel):
-    refunds: list[RefundOut] = Field(description="Newest first.")
-    next: str | None = Field(
+NextCursor = Annotated[
+    str | None,
+    Field(
         description="The cursor of the next (older) page: pass it as ?cursor=; null when none "
         "is left."
-    )
+    ),
+]
+
+
+class RefundPageOut(BaseModel):
+    refunds: list[RefundOut] = Field(description="Newest first.")
+    next_cursor: NextCursor
+
+
+class ItemStagePageOut(BaseModel):
+    items: list[ItemStageOut] = Field(description="Newest first.")
+    next_cursor: NextCursor
+
+
+class DeadLetterOut(BaseModel):
+    id: str = Field(description="What `replay` and `drop` take.")
+    group: str = Field(description="The consumer group that gave up on it.")
+    stream: str = Field(description="The item stream the entry was on.")
+    entry_id: str
+    payload: dict[str, str]
+    error: str
+    deliveries: int
+    died_at: datetime
+    replayed_at: datetime | None
+    dropped_at: datetime | None
+
+
+class DeadLetterPageOut(BaseModel):
+    dead_letters: list[DeadLetterOut] = Field(description="Newest first.")
+    next_cursor: NextCursor
 
 
 class HealthOut(BaseModel):

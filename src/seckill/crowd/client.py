@@ -175,9 +175,9 @@ class ApiClient:
             if page.status != 200:
                 return None
             found += page.body["refunds"]
-            if page.body.get("next") is None:
+            if page.body.get("next_cursor") is None:
                 return found
-            cursor = f"&cursor={page.body['next']}"
+            cursor = f"&cursor={page.body['next_cursor']}"
 
     async def queue_report(self, item_id: int) -> Reply:
         path = f"/api/v1/admin/items/{item_id}/queue"

@@ -35,6 +35,7 @@ from seckill.engine.leases import Lease
 from seckill.engine.reads import ShardRemains
 from seckill.engine.streams import GROUP, read_progress
 from seckill.services.items import UnknownItem
+from seckill.services.paging import DEFAULT_PAGE, page_size
 from seckill.services.reconcile.drift import Drift
 from seckill.services.reconcile.reconciler import NEVER_OVERDUE_MS, Reconciler
 from seckill.store.ledger import Ledger
@@ -67,6 +68,26 @@ class Archiving:
     stage: Stage
     removed: bool
     hindrances: list[Hindrance] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class StagePage:
+    """A page of items with their stages, newest first; ``next_cursor``: the id the next page
+    starts below (None: this page is the last)."""
+
+    stages: list[tuple[ItemRecord, Settlement]]
+    next_cursor: int | None
+
+
+def _may_be(wanted: Stage, record: ItemRecord, archived_at: datetime | None, now: datetime) -> bool:
+    """Whether an item may be at ``wanted`` by its window alone (no read of Redis)."""
+    by_window = stage(
+        starts_at=record.starts_at, ends_at=record.ends_at, now=now,
+        archived=archived_at is not None, hindrances=[],
+    )  # fmt: skip
+    if by_window is Stage.SETTLED:  # its sale is over: ended or settled, as Redis says
+        return wanted in (Stage.ENDED, Stage.SETTLED)
+    return by_window is wanted
 
 
 class Archivist:
@@ -119,6 +140,34 @@ class Archivist:
             (record, await self.settlement(record.item_id, record=record, archived_at=at, now=now))
             for record, at in await self._ledger.items()
         ]
+
+    async def page(
+        self, *, stage_of: Stage | None = None, before: int | None = None, limit: int = DEFAULT_PAGE
+    ) -> StagePage:
+        """One page of the items SQL records, newest first (by id), with their stages: those
+        below ``before`` (the previous page's ``next_cursor``), at ``stage_of`` only if given.
+        An ended item's stage takes reads of Redis; those of other stages take none."""
+        limit = page_size(limit)
+        now = datetime.now(UTC)
+        archived = None if stage_of is None else stage_of is Stage.ARCHIVED
+        found: list[tuple[ItemRecord, Settlement]] = []
+        while len(found) <= limit:  # one more than the page: is there a next one?
+            batch = await self._ledger.items_before(before, limit + 1, archived=archived)
+            for record, at in batch:
+                if stage_of is not None and not _may_be(stage_of, record, at, now):
+                    continue
+                settled = await self.settlement(
+                    record.item_id, record=record, archived_at=at, now=now
+                )
+                if stage_of is None or settled.stage is stage_of:
+                    found.append((record, settled))
+                    if len(found) > limit:
+                        break
+            if len(batch) <= limit:
+                break
+            before = batch[-1][0].item_id
+        more = len(found) > limit
+        return StagePage(found[:limit], found[limit - 1][0].item_id if more else None)
 
     async def _hindrances(self, record: ItemRecord, now: datetime) -> list[Hindrance]:
         if now < record.ends_at:

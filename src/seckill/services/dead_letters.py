@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 
 from seckill.domain.dead_letters import PERSISTER_GROUP, DeadLetter
 from seckill.domain.events import BadEvent, decode_event
 from seckill.engine.dead_letters import delete_dead_letter, read_dead_letters
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import shard_of
+from seckill.services.paging import DEFAULT_PAGE, page_size
 from seckill.sinks import Sink, SinkError, bridge_group, order_message
 from seckill.store.ledger import Ledger
 
@@ -38,6 +40,47 @@ async def list_dead_letters(
             if letter.group != PERSISTER_GROUP and group in (None, letter.group)
         ]
     return letters
+
+
+LetterPosition = tuple[datetime, str]
+"""Where a dead letter stands in a list, newest first: when it died, then its id."""
+
+
+@dataclass(frozen=True, slots=True)
+class LetterPage:
+    """A page of dead letters, newest first; ``next_cursor``: the position of the last one,
+    where the next page starts below (None: this page is the last)."""
+
+    letters: list[DeadLetter]
+    next_cursor: LetterPosition | None
+
+
+def position(letter: DeadLetter) -> LetterPosition:
+    return (letter.died_at, letter.id)
+
+
+async def dead_letter_page(
+    ledger: Ledger,
+    engine: RedisEngine,
+    *,
+    group: str | None = None,
+    include_settled: bool = False,
+    before: LetterPosition | None = None,
+    limit: int = DEFAULT_PAGE,
+) -> LetterPage:
+    """One page of ``list_dead_letters``, newest first (by when they died, then id), those
+    below ``before`` if given. Dead letters are the exception, never a sale's worth: they are
+    read whole and paged here."""
+    limit = page_size(limit)
+    letters = sorted(
+        await list_dead_letters(ledger, engine, group=group, include_settled=include_settled),
+        key=position,
+        reverse=True,
+    )
+    if before is not None:
+        letters = [letter for letter in letters if position(letter) < before]
+    more = len(letters) > limit
+    return LetterPage(letters[:limit], position(letters[limit - 1]) if more else None)
 
 
 @dataclass(frozen=True, slots=True)

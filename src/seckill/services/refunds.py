@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from seckill.domain import rules
 from seckill.domain.money import RefundState
+from seckill.services.paging import DEFAULT_PAGE, page_size
 from seckill.store.ledger import Ledger
 from seckill.store.payments import RefundPage
 from seckill.store.records import RefundRecord
-
-MAX_PAGE = 500
 
 
 class RefundNotFound(LookupError):
@@ -22,13 +21,13 @@ async def list_refunds(
     item_id: int | None = None,
     state: RefundState | None = None,
     cursor: int | None = None,
-    limit: int = 100,
+    limit: int = DEFAULT_PAGE,
 ) -> RefundPage:
     """One page of refunds, newest first; ``cursor``: the previous page's ``next_cursor``."""
     if item_id is not None:
         rules.check_item_id(item_id)
     return await ledger.payments.refunds(
-        item_id=item_id, state=state, before=cursor, limit=max(1, min(limit, MAX_PAGE))
+        item_id=item_id, state=state, before=cursor, limit=page_size(limit)
     )
 
 

@@ -182,6 +182,22 @@ class Ledger(RepairQueries, DeadLetterQueries):
             rows = (await conn.execute(select(Item).order_by(Item.id))).all()
         return [(_item_record(row), row.archived_at) for row in rows]
 
+    async def items_before(
+        self, before: int | None, limit: int, *, archived: bool | None = None
+    ) -> list[tuple[ItemRecord, datetime | None]]:
+        """Up to ``limit`` items, newest first (by id), below ``before`` if given; archived
+        ones only, or none of them, when ``archived`` says so."""
+        query = select(Item).order_by(Item.id.desc()).limit(limit)
+        if before is not None:
+            query = query.where(Item.id < before)
+        if archived is not None:
+            query = query.where(
+                Item.archived_at.is_not(None) if archived else Item.archived_at.is_(None)
+            )
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(query)).all()
+        return [(_item_record(row), row.archived_at) for row in rows]
+
     async def archived_at(self, item_id: int) -> datetime | None:
         async with self.engine.connect() as conn:
             found = await conn.execute(select(Item.archived_at).where(Item.id == item_id))
