@@ -176,6 +176,11 @@ class Settings(BaseSettings):
         "that made granian the default); `seckill serve` is always uvicorn, in its own loop.",
     )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
+    cors_origins: list[str] = Field(
+        [],
+        description="Origins whose pages may call the API from a browser (CORS), as a JSON list: "
+        '`["https://shop.example"]`. Empty: no CORS headers, and nothing done per request.',
+    )
     drain_seconds: float | None = Field(
         None,
         ge=0,
