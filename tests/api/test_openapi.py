@@ -12,6 +12,7 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -42,11 +43,10 @@ pytestmark = [
 ]
 
 # Left out: positive_data_acceptance, because schema-valid requests are refused by rules a schema
-# cannot state (a sale window that ends before it starts or before 1970; an Idempotency-Key the
-# schema lists as optional so that its absence gets 400 idempotency_key_required, and whose format
-# the engine checks). And negative_data_rejection, because unknown query parameters are ignored,
-# as HTTP APIs do; the one real thing it found (numbers taken as sale-window dates) is fixed and
-# pinned below.
+# cannot state (a sale window that ends before it starts or before 1970; an Idempotency-Key whose
+# format the engine checks). And negative_data_rejection, because unknown query parameters are
+# ignored, as HTTP APIs do; the one real thing it found (numbers taken as sale-window dates) is
+# fixed and pinned below.
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
@@ -265,3 +265,58 @@ def test_a_sale_window_is_dates_not_numbers(live_server: LiveServer) -> None:
         )
     assert (answer.status_code, answer.json()["error"]) == (422, "invalid_request"), answer.text
     assert "starts_at" in answer.json()["message"]
+
+
+PURCHASE = "/api/v1/items/{item_id}/orders"
+
+
+@pytest.fixture(scope="module")
+def served_schema(live_server: LiveServer) -> dict[str, Any]:
+    with httpx.Client(base_url=live_server.base_url, timeout=10) as http:
+        answer = http.get("/openapi.json")
+    assert answer.status_code == 200, answer.text
+    schema: dict[str, Any] = answer.json()
+    return schema
+
+
+def test_the_purchase_requires_an_idempotency_key(
+    served_schema: dict[str, Any], live_server: LiveServer
+) -> None:
+    # A client generated from the schema must send it: optional there, it is left out, and
+    # every purchase gets 400.
+    parameters = served_schema["paths"][PURCHASE]["post"]["parameters"]
+    [key] = [p for p in parameters if p["in"] == "header" and p["name"] == "Idempotency-Key"]
+    assert key["required"] is True
+    assert key["schema"]["type"] == "string"
+    # The route's own answer stays, for a client that sends none all the same.
+    with httpx.Client(base_url=live_server.base_url, timeout=10) as http:
+        answer = http.post(
+            PURCHASE.format(item_id=1),
+            headers=bearer(live_server, "fuzz-buyer", Role.BUYER),
+            json={"quantity": 1},
+        )
+    assert (answer.status_code, answer.json()["error"]) == (400, "idempotency_key_required")
+
+
+@pytest.mark.parametrize("status", ["409", "429", "503"])
+def test_the_purchase_declares_retry_after(served_schema: dict[str, Any], status: str) -> None:
+    answer = served_schema["paths"][PURCHASE]["post"]["responses"][status]
+    assert answer["headers"]["Retry-After"]["schema"]["type"] == "integer"
+
+
+def test_every_error_answer_declares_the_error_body(served_schema: dict[str, Any]) -> None:
+    error = served_schema["components"]["schemas"]["Error"]
+    assert set(error["required"]) == {"error", "message"}
+    undeclared = [
+        f"{method.upper()} {path} {status}"
+        for path, operations in served_schema["paths"].items()
+        if path.startswith("/api/")
+        for method, operation in operations.items()
+        for status, answer in operation["responses"].items()
+        if status.startswith(("4", "5"))
+        and answer.get("content", {}).get("application/json", {}).get("schema")
+        != {"$ref": "#/components/schemas/Error"}
+    ]
+    assert undeclared == []
+    purchase = served_schema["paths"][PURCHASE]["post"]["responses"]
+    assert {"400", "401", "403", "404", "409", "413", "422", "429", "503"} <= set(purchase)

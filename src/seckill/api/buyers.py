@@ -24,7 +24,9 @@ OrderIdPath = Annotated[OrderId, Path()]
 
 
 @router.get(
-    ITEM_ROUTE.removeprefix(router.prefix), response_model=ItemOut, responses=documented(404, 503)
+    ITEM_ROUTE.removeprefix(router.prefix),
+    response_model=ItemOut,
+    responses=documented(404, 422, 503),
 )
 async def get_item(item_id: ItemId, ctx: Ctx) -> ItemOut:
     """What a buyer sees: name, price, sale window and units left (the item from a cache in
@@ -46,18 +48,21 @@ def item_out(seen: ItemOnSale) -> ItemOut:
     PURCHASE_ROUTE.removeprefix(router.prefix),
     status_code=202,
     response_model=ReservationOut,
-    responses=documented(400, 401, 403, 404, 409, 413, 422, 429, 503),
+    # 409 request_in_flight (the same key's first request is still being decided) says when
+    # to ask again; a sold-out 409 does not.
+    responses=documented(400, 401, 403, 404, 409, 413, 422, 429, 503, retry_after=(409,)),
 )
 async def buy(
     item_id: ItemId,
     buyer: BuyerIdentity,
     idempotency_key: Annotated[
-        str | None,
+        str,
         Header(
             alias="Idempotency-Key",
-            description="Required. One purchase per key and buyer; a repeat gets the same answer.",
+            description="One purchase per key and buyer; a repeat gets the same answer. "
+            "Without it: 400 idempotency_key_required.",
         ),
-    ] = None,
+    ],
     ticket: TicketHeader = None,
     body: Annotated[BuyIn | None, Body()] = None,
 ) -> ReservationOut:

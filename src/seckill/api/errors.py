@@ -212,6 +212,25 @@ def validation_message(errors: Sequence[Any]) -> str:
     return problems or "invalid request"
 
 
-def documented(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """The error responses a route declares in the OpenAPI schema."""
-    return {status: {"model": Error} for status in statuses}
+# Every 429 and 503 answer says when to come back; a 409 only when the route says so.
+RETRY_AFTER_HEADER = {
+    "Retry-After": {
+        "description": "Whole seconds to wait before trying again (the same request, the "
+        "same Idempotency-Key).",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+_ALWAYS_RETRY_AFTER = frozenset({429, 503})
+
+
+def documented(*statuses: int, retry_after: Sequence[int] = ()) -> dict[int | str, dict[str, Any]]:
+    """The error responses a route declares in the OpenAPI schema: each with the error body,
+    and ``Retry-After`` on 429, 503 and the statuses in ``retry_after``."""
+    return {
+        status: (
+            {"model": Error, "headers": RETRY_AFTER_HEADER}
+            if status in _ALWAYS_RETRY_AFTER or status in retry_after
+            else {"model": Error}
+        )
+        for status in statuses
+    }
