@@ -187,6 +187,7 @@ def open_item(
     limit: int = 1,
     hold_ms: int = 60_000,
     stock_shards: int = 1,
+    waiting_room: bool = False,
 ) -> SaleItem:
     """An item whose sale is on now and for the next hour."""
     now = int(time.time() * 1000)
@@ -198,6 +199,7 @@ def open_item(
         per_buyer_limit=limit,
         hold_ms=hold_ms,
         stock_shards=stock_shards,
+        waiting_room=waiting_room,
     )
 
 

@@ -289,17 +289,22 @@ class Settings(BaseSettings):
     # The waiting room (see docs/operations/waiting-room.md).
     waiting_room: bool = Field(
         False,
-        description="Buyers join an item's queue first: a ticket is given only to those whose "
-        "turn came. `seckill serve` then moves the queues too (else `seckill worker inlet`).",
+        description="Whether a new item has a waiting room when its creator does not say "
+        "(`waiting_room` on the item): its buyers join the item's queue first, and a ticket is "
+        "given only to those whose turn came. Items without one sell directly. `seckill serve` "
+        "always moves the queues (else `seckill worker inlet`).",
     )
     queue_open_seconds: int = Field(
         600,
         ge=0,
-        description="Queues open this long before the sale; joiners before the "
-        "start are placed in a random order at the start.",
+        description="Queues open this long before the sale (unless the item says otherwise); "
+        "joiners before the start are placed in a random order at the start.",
     )
     queue_admit_per_second: int = Field(
-        200, ge=0, le=1_000_000, description="Positions let in per second (0: no rate cap)."
+        200,
+        ge=0,
+        le=1_000_000,
+        description="Positions let in per second (0: no rate cap), unless the item says otherwise.",
     )
     queue_admit_per_unit: int = Field(
         2,

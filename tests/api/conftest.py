@@ -127,9 +127,11 @@ class Api:
         starts_in: timedelta = timedelta(minutes=-1),
         ends_in: timedelta = timedelta(hours=1),
         stock_shards: int = 1,
+        **fields: Any,
     ) -> int:
         """An item created and warmed through the admin routes; its sale window is relative to
-        now (open from a minute ago for an hour unless told otherwise)."""
+        now (open from a minute ago for an hour unless told otherwise). ``fields``: more of the
+        item's (its waiting room)."""
         now = datetime.now(UTC)
         answer = await self.http.post(
             "/api/v1/admin/items",
@@ -143,6 +145,7 @@ class Api:
                 "per_buyer_limit": limit,
                 "hold_seconds": hold_seconds,
                 "stock_shards": stock_shards,
+                **fields,
             },
         )
         assert answer.status_code == 201, answer.text

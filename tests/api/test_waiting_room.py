@@ -197,3 +197,42 @@ async def test_without_a_waiting_room_the_queue_routes_say_so(api: Api) -> None:
     item_id = await api.create_item(total=1)
     answer = await join(api, item_id, "alice")
     assert answer.status_code == 404 and answer.json()["error"] == "no_waiting_room"
+
+
+async def test_an_item_without_a_room_sells_directly_while_anothers_is_open(queued: Api) -> None:
+    roomed = await queued.create_item(total=3)  # the deployment's default: a room
+    plain = await queued.create_item(total=3, waiting_room=False)
+    assert (await join(queued, roomed, "alice")).status_code == 200
+    refused = await queued.issue_ticket(roomed, "bob")
+    assert refused.status_code == 429 and "join the waiting room first" in refused.text
+
+    bought = await queued.buy(plain, "bob", "key-bob")  # no queue: a ticket at once
+    assert bought.status_code == 202, bought.text
+    no_room = await join(queued, plain, "carol")
+    assert no_room.status_code == 404 and no_room.json()["error"] == "no_waiting_room"
+
+    cards = [(await queued.http.get(f"/api/v1/items/{i}")).json() for i in (roomed, plain)]
+    assert [c["waiting_room"] for c in cards] == [True, False]
+    assert cards[0]["queue_admit_per_second"] is None  # the deployment's
+
+
+async def test_an_item_has_its_own_pace_and_opening(queued: Api) -> None:
+    early = await queued.create_item(total=3, starts_in=timedelta(minutes=5), queue_open_seconds=60)
+    refused = await join(queued, early, "alice")  # the deployment's lead (600 s) would admit
+    assert refused.status_code == 403 and refused.json()["error"] == "not_started", refused.text
+    assert "opens in 24" in refused.json()["message"]
+
+    paced = await queued.create_item(total=50, queue_admit_per_second=40)
+    card = (await queued.http.get(f"/api/v1/items/{paced}")).json()
+    assert (card["queue_admit_per_second"], card["queue_open_seconds"]) == (40, None)
+    for i in range(30):
+        assert (await join(queued, paced, f"b{i}")).status_code == 200
+
+    async def all_in() -> bool:
+        report = await queued.http.get(
+            f"/api/v1/admin/items/{paced}/queue", headers=queued.as_admin
+        )
+        return int(report.json()["admitted_up_to"]) == 30
+
+    # At the deployment's 5 a second the last of 30 would wait 5 s; at its own 40, one step.
+    await wait_until(all_in, 2.5, "all 30 let in at 40 a second")

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from seckill.domain.items import SaleItem
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.queue import QueueState, standing
 from seckill.engine.engine import RedisEngine
-from seckill.engine.queues import DRAW_BELOW, Queues
+from seckill.engine.queues import DRAW_BELOW, Joined, Queues
 from seckill.workers.inlet import Inlet
 from seckill.workers.loop import run_until_stopped
 from tests.conftest import ManualClock, RedisTarget, open_item, pay
@@ -43,6 +44,7 @@ def upcoming_item(clock: ManualClock, *, total: int = 100, starts_in_ms: int = 6
         ends_at_ms=clock.now_ms + 3_600_000,
         per_buyer_limit=1,
         hold_ms=60_000,
+        waiting_room=True,
     )
 
 
@@ -53,7 +55,7 @@ async def join_all(queues: Queues, buyers: list[str]) -> list[int]:
 
 
 async def test_concurrent_joins_get_unique_contiguous_positions(engine: RedisEngine) -> None:
-    await engine.load_item(open_item(total=10))
+    await engine.load_item(open_item(total=10, waiting_room=True))
     queues = Queues(engine)
     buyers = [f"b{i}" for i in range(5000)]
     positions = await join_all(queues, buyers)
@@ -116,8 +118,53 @@ async def test_the_queue_opens_at_its_lead_and_closes_with_the_sale(
     )
 
 
+async def test_an_item_without_a_waiting_room_has_no_queue_to_join(engine: RedisEngine) -> None:
+    await engine.load_item(open_item(total=10))
+    queues = Queues(engine)
+    assert await queues.join(1, "alice", lead_ms=LEAD_MS) == Joined(Outcome.NOT_QUEUED)
+    assert await queues.queued_items() == []
+    front = await queues.front(1)
+    assert front is not None and front.length == 0
+
+
+async def test_an_item_opens_its_queue_at_its_own_lead(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    own = replace(upcoming_item(clock, starts_in_ms=20_000), queue_open_seconds=10)
+    await timed_engine.load_item(own)
+    queues = Queues(timed_engine)
+    early = await queues.join(1, "alice", lead_ms=LEAD_MS)  # the deployment's would let her in
+    assert early == Joined(Outcome.NOT_STARTED, opens_at_ms=own.starts_at_ms - 10_000)
+    clock.advance(10_000)
+    assert (await queues.join(1, "alice", lead_ms=LEAD_MS)).outcome is Outcome.QUEUED
+    # Loaded again without its own lead: the deployment's.
+    await timed_engine.load_item(replace(own, queue_open_seconds=None))
+    assert (await queues.join(1, "bob", lead_ms=LEAD_MS)).outcome is Outcome.QUEUED
+
+
+async def test_the_inlet_keeps_the_items_own_rate(
+    timed_engine: RedisEngine, clock: ManualClock
+) -> None:
+    paced = replace(open_item(total=10_000, waiting_room=True), queue_admit_per_second=20)
+    other = replace(paced, item_id=2, queue_admit_per_second=None)
+    await timed_engine.load_item(paced)
+    await timed_engine.load_item(other)
+    queues = Queues(timed_engine)
+    for item_id in (1, 2):
+        joined = [queues.join(item_id, f"b{i}", lead_ms=LEAD_MS) for i in range(500)]
+        assert {j.outcome for j in await asyncio.gather(*joined)} == {Outcome.QUEUED}
+    frontiers: dict[int, list[int]] = {1: [], 2: []}
+    for _ in range(10):  # one second in steps of 100 ms, the deployment's rate 100 a second
+        for item_id, frontier in frontiers.items():
+            step = await queues.advance(item_id, rate=100, per_unit=0, turn_ms=TURN_MS)
+            frontier.append(step.admitted_up_to)
+        clock.advance(100)
+    assert all(b - a == 2 for a, b in pairwise(frontiers[1][1:])), frontiers[1]
+    assert all(b - a == 10 for a, b in pairwise(frontiers[2][1:])), frontiers[2]
+
+
 async def test_bad_input_is_refused_and_changes_nothing(engine: RedisEngine) -> None:
-    await engine.load_item(open_item())
+    await engine.load_item(open_item(waiting_room=True))
     queues = Queues(engine)
     with pytest.raises(InvalidRequest) as refused:
         await queues.join(1, "has space", lead_ms=LEAD_MS)
@@ -130,7 +177,7 @@ async def test_bad_input_is_refused_and_changes_nothing(engine: RedisEngine) -> 
 
 
 async def test_the_inlet_keeps_its_rate(timed_engine: RedisEngine, clock: ManualClock) -> None:
-    await timed_engine.load_item(open_item(total=10_000))
+    await timed_engine.load_item(open_item(total=10_000, waiting_room=True))
     queues = Queues(timed_engine)
     await join_all(queues, [f"b{i}" for i in range(1000)])
     frontier = []
@@ -151,7 +198,7 @@ async def test_the_inlet_keeps_its_rate(timed_engine: RedisEngine, clock: Manual
 async def test_the_stock_caps_admission_until_a_turn_passes(
     timed_engine: RedisEngine, clock: ManualClock
 ) -> None:
-    await timed_engine.load_item(open_item(total=10))
+    await timed_engine.load_item(open_item(total=10, waiting_room=True))
     queues = Queues(timed_engine)
     await join_all(queues, [f"b{i}" for i in range(100)])
     step = await queues.advance(1, rate=0, per_unit=2, turn_ms=TURN_MS)
@@ -166,7 +213,7 @@ async def test_the_stock_caps_admission_until_a_turn_passes(
 async def test_sold_out_ends_every_wait_and_returned_units_resume_it(
     timed_engine: RedisEngine, clock: ManualClock
 ) -> None:
-    await timed_engine.load_item(open_item(total=1))
+    await timed_engine.load_item(open_item(total=1, waiting_room=True))
     queues = Queues(timed_engine)
     await join_all(queues, ["b1", "b2", "b3"])
     await queues.advance(1, rate=0, per_unit=1, turn_ms=TURN_MS)
@@ -184,7 +231,7 @@ async def test_sold_out_ends_every_wait_and_returned_units_resume_it(
 
 async def test_the_inlet_worker_lets_buyers_in_at_its_rate(engine: RedisEngine) -> None:
     """In real time, on Redis's clock: one second's burst at most, then the rate."""
-    await engine.load_item(open_item(total=10_000))
+    await engine.load_item(open_item(total=10_000, waiting_room=True))
     queues = Queues(engine)
     await join_all(queues, [f"b{i}" for i in range(1000)])
     inlet = Inlet(
@@ -234,7 +281,7 @@ async def test_a_killed_inlet_is_replaced_and_the_rate_holds(
     """Two inlet processes: one moves the queue (the upkeep lease); kill -9 it and the other
     carries on from the state in Redis, and the pace never passes the rate (the credit is kept
     in Redis, not in the process)."""
-    await engine.load_item(open_item(total=10_000))
+    await engine.load_item(open_item(total=10_000, waiting_room=True))
     queues = Queues(engine)
     await join_all(queues, [f"b{i}" for i in range(1000)])
 

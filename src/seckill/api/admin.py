@@ -62,7 +62,9 @@ async def create_item(
         name=body.name, price_cents=body.price_cents, total=body.total,
         starts_at=body.starts_at, ends_at=body.ends_at,
         per_buyer_limit=body.per_buyer_limit, hold_seconds=body.hold_seconds,
-        stock_shards=body.stock_shards,
+        stock_shards=body.stock_shards, waiting_room=body.waiting_room,
+        queue_admit_per_second=body.queue_admit_per_second,
+        queue_open_seconds=body.queue_open_seconds,
     )  # fmt: skip
     return item_out(await item_on_sale(ctx.item_cache, item_id))
 

@@ -40,7 +40,9 @@ def item_out(seen: ItemOnSale) -> ItemOut:
     return ItemOut(
         item_id=r.item_id, name=r.name, price_cents=r.price_cents, total=r.total,
         starts_at=r.starts_at, ends_at=r.ends_at, per_buyer_limit=r.per_buyer_limit,
-        hold_seconds=r.hold_seconds, stock_shards=r.stock_shards, available=seen.available,
+        hold_seconds=r.hold_seconds, stock_shards=r.stock_shards, waiting_room=r.waiting_room,
+        queue_admit_per_second=r.queue_admit_per_second,
+        queue_open_seconds=r.queue_open_seconds, available=seen.available,
     )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ from seckill.services.orders import ItemRecovering, OrderNotFound
 from seckill.services.purchases import RequestInFlight
 from seckill.services.refunds import RefundNotFound
 from seckill.services.tickets import GateRefused, SaleClosed
+from seckill.services.waiting_room import NoWaitingRoom
 from seckill.store.database import is_transient
 
 
@@ -141,6 +142,8 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(403, ApiRefusal.INVALID_TICKET, str(exc))
         case BadPass():
             return ApiError(403, ApiRefusal.INVALID_PASS, str(exc))
+        case NoWaitingRoom():
+            return ApiError(404, ApiRefusal.NO_WAITING_ROOM, str(exc))
         case SaleClosed():
             return ApiError(403, exc.outcome.value, str(exc))
         case GateRefused():
@@ -173,7 +176,7 @@ ANSWERED: tuple[type[Exception], ...] = (
     ApiError, InvalidRequest, UnknownItem, OrderNotFound, ItemRecovering, RefundNotFound,
     RequestInFlight,
     InvalidToken,
-    BadSignature, BadTicket, BadPass, SaleClosed, GateRefused, RedisConnectionError,
+    BadSignature, BadTicket, BadPass, NoWaitingRoom, SaleClosed, GateRefused, RedisConnectionError,
     RedisTimeoutError, NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,
 )  # fmt: skip
 

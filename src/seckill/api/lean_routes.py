@@ -8,7 +8,7 @@ each of these cost several times its own work, so they are served here as plain 
   units left read live);
 * ``POST /api/v1/items/{item_id}/tickets``: a purchase ticket for the caller;
 * ``POST`` and ``GET /api/v1/items/{item_id}/queue``: join the waiting room, and ask where one
-  stands (with ``SECKILL_WAITING_ROOM``; else 404 ``no_waiting_room``);
+  stands (for an item created with one; else 404 ``no_waiting_room``);
 * ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: admission (beyond
   ``admission_max_in_flight`` purchases in flight, 503 ``overloaded`` at once); the body's size
   (413 before it is read whole); the bearer token (401, 403 for an admin's); the item id and the
@@ -75,7 +75,6 @@ from seckill.security.passes import PASS_HEADER
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role
 from seckill.services.items import item_on_sale
-from seckill.services.waiting_room import WaitingRoom
 
 log = logging.getLogger(__name__)
 
@@ -230,23 +229,15 @@ async def issue_ticket(ctx: Context, request: Request) -> Answer:
 
 async def join_queue(ctx: Context, request: Request) -> Answer:
     buyer = _caller(ctx, request.headers, Role.BUYER)
-    found = await _waiting_room(ctx).join(request.item_id, buyer)
+    found = await ctx.waiting_room.join(request.item_id, buyer)
     return Answer(200, standing_out(found).model_dump_json().encode(), "200", [])
 
 
 async def queue_standing(ctx: Context, request: Request) -> Answer:
     buyer = _caller(ctx, request.headers, Role.BUYER)
     queue_pass = _text(request.headers.get(_PASS))
-    found = await _waiting_room(ctx).standing(request.item_id, buyer, queue_pass)
+    found = await ctx.waiting_room.standing(request.item_id, buyer, queue_pass)
     return Answer(200, standing_out(found).model_dump_json().encode(), "200", _CACHE_A_SECOND)
-
-
-def _waiting_room(ctx: Context) -> WaitingRoom:
-    if ctx.waiting_room is None:
-        raise ApiError(
-            404, ApiRefusal.NO_WAITING_ROOM, "this server runs no waiting room: take a ticket"
-        )
-    return ctx.waiting_room
 
 
 async def buy(ctx: Context, request: Request) -> Answer:

@@ -15,11 +15,13 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StringConstraints,
 )
 
 from seckill.domain.events import RefundReason
+from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_QUEUE_OPEN_SECONDS
 from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.money import RefundState
 from seckill.domain.orders import OrderStatus
@@ -78,6 +80,25 @@ class NewItemIn(_In):
         description="Redis slots the stock is split over, so several primaries sell one item "
         "(default: the server's SECKILL_STOCK_SHARDS, 1). Fixed once the item is warmed.",
     )
+    waiting_room: StrictBool | None = Field(
+        None,
+        description="Buyers queue first and get a ticket when their turn comes (default: the "
+        "server's SECKILL_WAITING_ROOM). Items without one sell directly.",
+    )
+    queue_admit_per_second: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_ADMIT_PER_SECOND,
+        description="The waiting room's pace: positions let in per second, 0 for no rate cap "
+        "(default: the server's SECKILL_QUEUE_ADMIT_PER_SECOND).",
+    )
+    queue_open_seconds: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_QUEUE_OPEN_SECONDS,
+        description="How long before the sale the waiting room opens (default: the server's "
+        "SECKILL_QUEUE_OPEN_SECONDS).",
+    )
 
 
 class ItemOut(BaseModel):
@@ -90,6 +111,13 @@ class ItemOut(BaseModel):
     per_buyer_limit: int
     hold_seconds: int
     stock_shards: int
+    waiting_room: bool
+    queue_admit_per_second: int | None = Field(
+        description="The waiting room's own pace; null: the server's."
+    )
+    queue_open_seconds: int | None = Field(
+        description="How long before the sale its waiting room opens; null: the server's."
+    )
     available: int | None = Field(
         description="Units left now; null until the item is warmed. Once archived: what SQL "
         "says was left."

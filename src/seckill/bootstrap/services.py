@@ -32,22 +32,20 @@ class Context:
     tokens: TokenCodec
     payment_secret: tuple[bytes, ...]  # the keys notices are checked with
     tickets: TicketOffice
-    waiting_room: WaitingRoom | None  # with SECKILL_WAITING_ROOM
+    waiting_room: WaitingRoom  # the queues of the items created with one
 
 
 def build_context(runtime: Runtime, *, ticket_gate: TicketGate | None = None) -> Context:
-    """``ticket_gate`` stands in front of ticket issuance (a captcha); without one, the waiting
-    room does when the settings ask for it, else everyone is admitted."""
+    """``ticket_gate`` stands in front of ticket issuance (a captcha; default: everyone is
+    admitted); an item with a waiting room has the room in front of it as well."""
     settings = runtime.settings
     secret = ticket_secret(settings)
-    waiting_room = None
-    if settings.waiting_room:
-        waiting_room = WaitingRoom(
-            queues=Queues(runtime.engine),
-            codec=PassCodec(secret),
-            open_lead_ms=settings.queue_open_seconds * 1000,
-            front_ttl_ms=int(settings.queue_front_seconds * 1000),
-        )
+    waiting_room = WaitingRoom(
+        queues=Queues(runtime.engine),
+        codec=PassCodec(secret),
+        open_lead_ms=settings.queue_open_seconds * 1000,
+        front_ttl_ms=int(settings.queue_front_seconds * 1000),
+    )
     return Context(
         runtime=runtime,
         ledger=runtime.request_ledger,
@@ -63,7 +61,8 @@ def build_context(runtime: Runtime, *, ticket_gate: TicketGate | None = None) ->
         tickets=TicketOffice(
             engine=runtime.engine,
             codec=TicketCodec(secret),
-            gate=ticket_gate or waiting_room,
+            gate=ticket_gate,
+            waiting_room=waiting_room,
             ttl_ms=settings.ticket_ttl_seconds * 1000,
             lead_ms=settings.ticket_lead_seconds * 1000,
         ),

@@ -157,6 +157,24 @@ def item_create(
         help="Redis slots the stock is split over, so several primaries sell one item "
         f"({setting_default('stock_shards')}).",
     ),
+    waiting_room: bool | None = typer.Option(
+        None,
+        "--waiting-room/--no-waiting-room",
+        help="Buyers queue first and get a ticket when their turn comes "
+        f"({setting_default('waiting_room')}).",
+    ),
+    queue_admit_per_second: int | None = typer.Option(
+        None,
+        min=0,
+        help="The waiting room's positions let in per second, 0 for no rate cap "
+        "(default: the server's SECKILL_QUEUE_ADMIT_PER_SECOND when it sells).",
+    ),
+    queue_open_seconds: int | None = typer.Option(
+        None,
+        min=0,
+        help="Seconds before the sale the waiting room opens "
+        "(default: the server's SECKILL_QUEUE_OPEN_SECONDS when it sells).",
+    ),
 ) -> None:
     """Create an item in the database and its card (warm it to put it on sale)."""
     from seckill.services.items import create_item
@@ -168,7 +186,8 @@ def item_create(
         lambda rt: create_item(
             rt.ledger, item_cache(rt), rt.settings, name=name, price_cents=price_cents,
             total=total, starts_at=start, ends_at=end, per_buyer_limit=limit,
-            hold_seconds=hold_seconds, stock_shards=stock_shards,
+            hold_seconds=hold_seconds, stock_shards=stock_shards, waiting_room=waiting_room,
+            queue_admit_per_second=queue_admit_per_second, queue_open_seconds=queue_open_seconds,
         )
     )  # fmt: skip
     console.print(f"created item {item_id}")

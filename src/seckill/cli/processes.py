@@ -51,12 +51,13 @@ _METRICS_PORT = typer.Option(
 
 @commands.command()
 def serve(host: str | None = _HOST, port: int | None = _PORT) -> None:
-    """Run the API and all workers (persister, reaper, reconciler, archiver, the inlet with
-    SECKILL_WAITING_ROOM, the bridge with SECKILL_BRIDGE_URL) in one process until SIGTERM."""
+    """Run the API and all workers (persister, reaper, reconciler, archiver, the inlet, the
+    bridge with SECKILL_BRIDGE_URL) in one process until SIGTERM."""
     settings = overridden(start_process(), api_host=host, api_port=port)
-    inlet = ("inlet",) if settings.waiting_room else ()
     bridge = ("bridge",) if settings.bridge_url else ()
-    workers = ("persister", "reaper", "reconciler", "archiver", *inlet, *bridge)
+    # The inlet always: any item may have been created with a waiting room, and with no queue
+    # joined a pass costs it one read.
+    workers = ("persister", "reaper", "reconciler", "archiver", "inlet", *bridge)
     _run(settings, api=True, workers=workers)
 
 

@@ -29,9 +29,15 @@ class SaleItem:
     per_buyer_limit: int
     hold_ms: int
     stock_shards: int = 1  # slots the stock is split over (see domain.shards)
+    # Its waiting room: tickets only to buyers whose turn came. The pace and the opening lead
+    # are the deployment's unless set here.
+    waiting_room: bool = False
+    queue_admit_per_second: int | None = None
+    queue_open_seconds: int | None = None
 
     def __post_init__(self) -> None:
         rules.check_item_id(self.item_id)
+        _check_queue(self.queue_admit_per_second, self.queue_open_seconds)
         rules.check_sale_item(
             total=self.total,
             starts_at_ms=self.starts_at_ms,
@@ -70,6 +76,9 @@ class SaleTerms:
     per_buyer_limit: int
     hold_seconds: int
     stock_shards: int = 1
+    waiting_room: bool = False
+    queue_admit_per_second: int | None = None  # None: the deployment's
+    queue_open_seconds: int | None = None  # None: the deployment's
 
 
 SALE_TERMS = tuple(f.name for f in fields(SaleTerms))
@@ -94,6 +103,29 @@ class NewItem(SaleTerms):
             hold_ms=self.hold_seconds * 1000 if isinstance(self.hold_seconds, int) else None,
             stock_shards=self.stock_shards,
         )
+        _check_queue(self.queue_admit_per_second, self.queue_open_seconds)
+
+
+# The bounds of the deployment's settings (SECKILL_QUEUE_ADMIT_PER_SECOND, _OPEN_SECONDS).
+MAX_ADMIT_PER_SECOND = 1_000_000
+MAX_QUEUE_OPEN_SECONDS = 2_592_000
+
+
+def _check_queue(admit_per_second: int | None, open_seconds: int | None) -> None:
+    if admit_per_second is not None and not (
+        isinstance(admit_per_second, int) and 0 <= admit_per_second <= MAX_ADMIT_PER_SECOND
+    ):
+        raise InvalidRequest(
+            ErrorCode.INVALID_ITEM,
+            f"queue_admit_per_second must be from 0 to {MAX_ADMIT_PER_SECOND}",
+        )
+    if open_seconds is not None and not (
+        isinstance(open_seconds, int) and 0 <= open_seconds <= MAX_QUEUE_OPEN_SECONDS
+    ):
+        raise InvalidRequest(
+            ErrorCode.INVALID_ITEM,
+            f"queue_open_seconds must be from 0 to {MAX_QUEUE_OPEN_SECONDS}",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,4 +145,7 @@ class ItemRecord(SaleTerms):
             per_buyer_limit=self.per_buyer_limit,
             hold_ms=self.hold_seconds * 1000,
             stock_shards=self.stock_shards,
+            waiting_room=self.waiting_room,
+            queue_admit_per_second=self.queue_admit_per_second,
+            queue_open_seconds=self.queue_open_seconds,
         )

@@ -86,6 +86,9 @@ class RedisEngine(EngineReads, EngineRepairs):
             self.now_arg(),
             item.stock_shards,
             item.total,
+            "1" if item.waiting_room else "0",
+            _unset_or(item.queue_admit_per_second),
+            _unset_or(None if item.queue_open_seconds is None else item.queue_open_seconds * 1000),
             shard=shard,
         )
         return Outcome(reply[0])
@@ -340,3 +343,7 @@ def _settlement(reply: list[Any], *, replayed: bool = False) -> PaymentSettlemen
     reasons = RefundReason if outcome is Outcome.REFUND_REQUIRED else ReleaseReason
     reason = reasons(reply[1]) if len(reply) > 1 else None
     return PaymentSettlement(outcome, reason, replayed=replayed)
+
+
+def _unset_or(value: int | None) -> int | str:
+    return "" if value is None else value

@@ -30,7 +30,8 @@ PACE_WINDOW_MS = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Joined:
-    outcome: Outcome  # QUEUED, ALREADY_QUEUED, NOT_STARTED, ENDED or UNKNOWN_ITEM
+    outcome: Outcome  # QUEUED, ALREADY_QUEUED, NOT_STARTED, ENDED, NOT_QUEUED (no room) or
+    # UNKNOWN_ITEM
     position: int = 0  # 0: drawn at the start
     opens_at_ms: int | None = None  # NOT_STARTED: when the queue opens
 
@@ -84,7 +85,8 @@ class Queues:
 
     async def join(self, item_id: int, buyer: str, *, lead_ms: int) -> Joined:
         """Put ``buyer`` in the item's queue (or find them there). The queue opens ``lead_ms``
-        before the sale starts; an InvalidRequest for a malformed buyer id."""
+        before the sale starts, or as long before as the item says; ``NOT_QUEUED`` for an item
+        without a waiting room; an InvalidRequest for a malformed buyer id."""
         reply = await self._call(ScriptName.QUEUE_JOIN, item_id, buyer, self._draw(), lead_ms)
         outcome = Outcome(reply[0])
         if outcome in (Outcome.QUEUED, Outcome.ALREADY_QUEUED):

@@ -66,6 +66,34 @@ class ShardRemains:
 _ITEM_FIELDS = ("total", "starts_at_ms", "ends_at_ms", "per_buyer_limit", "hold_ms")
 
 
+def _sale_item(
+    item_id: int,
+    shards: int,
+    settings: dict[str, int],
+    *,
+    waiting_room: bool = False,
+    queue_admit_per_second: int | None = None,
+    queue_open_ms: int | None = None,
+) -> SaleItem:
+    """A SaleItem from its head's fields (``_ITEM_FIELDS``, as integers)."""
+    return SaleItem(
+        item_id=item_id,
+        total=settings["total"],
+        starts_at_ms=settings["starts_at_ms"],
+        ends_at_ms=settings["ends_at_ms"],
+        per_buyer_limit=settings["per_buyer_limit"],
+        hold_ms=settings["hold_ms"],
+        stock_shards=shards,
+        waiting_room=waiting_room,
+        queue_admit_per_second=queue_admit_per_second,
+        queue_open_seconds=None if queue_open_ms is None else queue_open_ms // 1000,
+    )
+
+
+def _optional_int(value: str | None) -> int | None:
+    return None if value is None else int(value)
+
+
 def combined_stock(item_total: int, parts: Sequence[tuple[Stock, Transfers]]) -> Stock:
     """One item's stock from its shards' counters and transfer records, each pair read at once
     on its shard (the shards at different instants).
@@ -111,23 +139,25 @@ class EngineReads(EngineBase):
         shards = int(raw[-2] or 1)
         if shards > 1:
             settings["total"] = int(raw[-1] or 0)  # the head's own total is its shard's
-        return SaleItem(item_id=item_id, stock_shards=shards, **settings)
+        return _sale_item(item_id, shards, settings)
 
     async def terms(self, item_id: int) -> tuple[SaleItem | None, bool]:
-        """The item's settings as loaded (None: not loaded), and whether its head is fenced (it
-        sells nothing until verified): one script, through the pipeliner (every ticket asks)."""
+        """The item's settings as loaded (None: not loaded; its waiting room told, not its
+        pace), and whether its head is fenced (it sells nothing until verified): one script,
+        through the pipeliner (every ticket asks)."""
         raw = cast(
             list[Any], await self._scripts.call(ScriptName.TERMS, self.keys(item_id).all_fixed(),
                                                 (item_id,))
         )  # fmt: skip
-        fenced = raw[-1] == 1
+        fenced = raw[7] == 1
         if any(v is None for v in raw[:5]):
             return None, fenced
         settings = dict(zip(_ITEM_FIELDS, (int(v) for v in raw[:5]), strict=True))
         shards = int(raw[5] or 1)
         if shards > 1:
             settings["total"] = int(raw[6] or 0)  # the head's own total is its shard's
-        return SaleItem(item_id=item_id, stock_shards=shards, **settings), fenced
+        room = len(raw) > 8 and raw[8] == "1"
+        return _sale_item(item_id, shards, settings, waiting_room=room), fenced
 
     async def stock(self, item_id: int) -> Stock | None:
         """The item's counters, or None. Unsharded: read in one command (so they are
@@ -294,7 +324,16 @@ def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
     item_id = keys.item_id
     return ItemSnapshot(
         item_id=item_id,
-        item=SaleItem(item_id=item_id, stock_shards=shards, **settings) if complete else None,
+        item=_sale_item(
+            item_id,
+            shards,
+            settings,
+            waiting_room=item.get("waiting_room") == "1",
+            queue_admit_per_second=_optional_int(item.get("queue_admit_per_second")),
+            queue_open_ms=_optional_int(item.get("queue_open_ms")),
+        )
+        if complete
+        else None,
         stock=Stock(*(int(item[f]) for f in STOCK_FIELDS)) if complete else None,
         holds={int(k): _hold(int(k), v) for k, v in _pairs(holds).items()},
         buyers={b: int(n) for b, n in _pairs(buyers).items()},

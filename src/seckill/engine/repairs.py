@@ -76,7 +76,7 @@ class EngineRepairs(EngineBase):
                 for i, s in shards
             )
         )
-        return sorted({i for (i, _), reply in zip(shards, replies, strict=True) if reply[-1] == 1})
+        return sorted({i for (i, _), reply in zip(shards, replies, strict=True) if reply[7] == 1})
 
     async def verify(self, item_id: int, shard: int, *, seen_run: str) -> Outcome:
         """Lift a shard's fence once verified against SQL: ``verified``, or ``moved`` if its

@@ -48,7 +48,7 @@ from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
 
-CARD_VERSION = 2  # 2: with stock_shards
+CARD_VERSION = 3  # 2: with stock_shards; 3: with the waiting room
 _MEMORY_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="hit")
 _MEMORY_MISS = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="miss")
 _REDIS_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="redis", result="hit")
@@ -119,6 +119,9 @@ def encode_card(record: ItemRecord | None, *, grace_ms: int) -> str:
                 "per_buyer_limit": record.per_buyer_limit,
                 "hold_seconds": record.hold_seconds,
                 "stock_shards": record.stock_shards,
+                "waiting_room": record.waiting_room,
+                "queue_admit_per_second": record.queue_admit_per_second,
+                "queue_open_seconds": record.queue_open_seconds,
             },
         },
         separators=(",", ":"),
@@ -145,6 +148,9 @@ def _decode_card(raw: str, pttl: int) -> _Card | None:
             per_buyer_limit=int(item["per_buyer_limit"]),
             hold_seconds=int(item["hold_seconds"]),
             stock_shards=int(item["stock_shards"]),
+            waiting_room=item["waiting_room"] is True,
+            queue_admit_per_second=_optional_int(item["queue_admit_per_second"]),
+            queue_open_seconds=_optional_int(item["queue_open_seconds"]),
         )
         grace_ms = int(body["grace_ms"])
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -419,3 +425,7 @@ class _SharedReads(Generic[T]):
                 del tasks[key]
         if not task.cancelled():
             task.exception()
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -31,12 +31,16 @@ async def create_item(
     per_buyer_limit: int | None = None,
     hold_seconds: int | None = None,
     stock_shards: int | None = None,
+    waiting_room: bool | None = None,
+    queue_admit_per_second: int | None = None,
+    queue_open_seconds: int | None = None,
 ) -> int:
     """Put an item in the record (SQL) and write its card; it goes on sale once warmed.
 
-    A per-buyer limit, hold time or stock shard count left out is the settings'
-    (SECKILL_PER_BUYER_LIMIT, SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS). Returns the new
-    item's id.
+    A per-buyer limit, hold time, stock shard count or waiting room left out is the settings'
+    (SECKILL_PER_BUYER_LIMIT, SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS, SECKILL_WAITING_ROOM).
+    A room's pace and opening lead left out stay unset: the deployment's at the time it sells
+    (SECKILL_QUEUE_ADMIT_PER_SECOND, SECKILL_QUEUE_OPEN_SECONDS). Returns the new item's id.
     """
     if per_buyer_limit is None:
         per_buyer_limit = settings.per_buyer_limit
@@ -44,6 +48,8 @@ async def create_item(
         hold_seconds = settings.hold_seconds
     if stock_shards is None:
         stock_shards = settings.stock_shards
+    if waiting_room is None:
+        waiting_room = settings.waiting_room
     item_id = await ledger.create_item(
         NewItem(
             name=name,
@@ -54,6 +60,9 @@ async def create_item(
             per_buyer_limit=per_buyer_limit,
             hold_seconds=hold_seconds,
             stock_shards=stock_shards,
+            waiting_room=waiting_room,
+            queue_admit_per_second=queue_admit_per_second,
+            queue_open_seconds=queue_open_seconds,
         )
     )
     # Its card is written now: the id may have been cached as absent a moment ago.

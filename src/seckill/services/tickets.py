@@ -5,11 +5,13 @@ ends, and lives ``ttl_ms``. Issuing reads the item's window from Redis (one HMGE
 reads nothing at all. Both use this process's clock: the window check here is only a coarse
 gate, since the reserve script decides the real window on Redis's clock.
 
-In front of issuance stands a ``TicketGate``: the hook for a captcha, a waiting room, a fraud
-score. The default admits everyone. A gate that refuses gives a ``GateDecision`` with the number
-of seconds after which the buyer may ask again; the API answers it with 429 ``gate_refused`` and
-that ``Retry-After`` (a waiting room says "not yet", never "no": a buyer it turned away may
-always come back).
+In front of issuance stands a ``TicketGate``: the hook for a captcha, a fraud score. The default
+admits everyone. An item loaded with a waiting room has the room's gate in front of that one:
+which items have one is on the item's head, read by the same one script as the window, so an
+item without a room sells directly while another item's room is open. A gate that refuses gives
+a ``GateDecision`` with the number of seconds after which the buyer may ask again; the API
+answers it with 429 ``gate_refused`` and that ``Retry-After`` (a waiting room says "not yet",
+never "no": a buyer it turned away may always come back).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class TicketOffice:
         engine: RedisEngine,
         codec: TicketCodec,
         gate: TicketGate | None = None,
+        waiting_room: TicketGate | None = None,
         ttl_ms: int,
         lead_ms: int,
         clock: Clock = wall_clock_ms,
@@ -97,6 +100,7 @@ class TicketOffice:
         self._engine = engine
         self._codec = codec
         self._gate: TicketGate = gate or AdmitEveryone()
+        self._waiting_room = waiting_room
         self._ttl_ms = ttl_ms
         self._lead_ms = lead_ms
         self._clock = clock
@@ -106,8 +110,9 @@ class TicketOffice:
 
         Raises ``UnknownItem`` when the item is not loaded in Redis, ``ItemRecovering`` while it
         is fenced (its Redis restarted or lost writes: no ticket until it is checked),
-        ``SaleClosed`` outside the issuing window, ``GateRefused`` when the gate says not now.
-        The window is checked before the gate, so a gate only sees buyers who could buy.
+        ``SaleClosed`` outside the issuing window, ``GateRefused`` when the gate (or, for an
+        item with a waiting room, the room) says not now. The window is checked before the
+        gates, so a gate only sees buyers who could buy.
         """
         item, fenced = await self._engine.terms(item_id)
         if item is None:
@@ -119,6 +124,13 @@ class TicketOffice:
             raise SaleClosed(Outcome.NOT_STARTED, "the sale has not started: too early for tickets")
         if now >= item.ends_at_ms:
             raise SaleClosed(Outcome.ENDED, "the sale has ended")
+        if item.waiting_room:
+            if self._waiting_room is None:
+                # Never admit past a room this office cannot consult.
+                raise GateRefused(GateDecision(admitted=False, message="no waiting room here"))
+            decision = await self._waiting_room.admit(buyer, item_id)
+            if not decision.admitted:
+                raise GateRefused(decision)
         decision = await self._gate.admit(buyer, item_id)
         if not decision.admitted:
             raise GateRefused(decision)

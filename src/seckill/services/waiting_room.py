@@ -1,15 +1,19 @@
 """The waiting room: buyers join an item's queue, watch their standing, and are let in to take a
 purchase ticket when their turn comes.
 
+Only items created with a waiting room (``waiting_room`` on the item, loaded onto its head) have
+one: for another item, joining raises ``NoWaitingRoom``, and the ticket office lets its buyers
+take a ticket directly.
+
 * ``join`` puts the buyer in the queue (once: joining again answers the same place) and answers
   a signed pass (``seckill.security.passes``) with their standing.
 * ``standing`` answers a pass's holder where they stand, without reading their place from Redis:
   the pass carries the position, and the queue's front (its frontier, length, pace, and the
   units left) is read once per ``front_ttl_ms`` per item by this process for all its buyers. A
   pre-start pass (position 0) is placed once after the start, and answered with a new pass.
-* ``admit`` is the ``TicketGate``: the ticket route lets a buyer have a ticket only once their
-  position is within the frontier (read fresh, one script call), so the purchase path stays as
-  it is.
+* ``admit`` is the ``TicketGate`` of the items with a room: the ticket office lets a buyer have
+  a ticket only once their position is within the frontier (read fresh, one script call), so
+  the purchase path stays as it is.
 
 The inlet (``seckill.workers.inlet``) moves the frontier.
 """
@@ -29,6 +33,10 @@ from seckill.services.tickets import ADMITTED, Clock, GateDecision, SaleClosed, 
 
 # A pass outlives the sale by this much, so a buyer still polling after the end is told it ended.
 PASS_GRACE_MS = 3_600_000
+
+
+class NoWaitingRoom(Exception):
+    """The item sells without a waiting room: take a ticket directly."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +86,15 @@ class WaitingRoom:
 
     async def join(self, item_id: int, buyer: str) -> Standing:
         """Put ``buyer`` in the queue, or find them there. ``UnknownItem`` for an item not on
-        sale; ``SaleClosed`` before the queue opens or after the sale ended; ``InvalidRequest``
-        for a malformed buyer id."""
+        sale; ``NoWaitingRoom`` for an item without one; ``SaleClosed`` before the queue opens
+        or after the sale ended; ``InvalidRequest`` for a malformed buyer id. The queue opens
+        ``open_lead_ms`` before the sale, or as long before as the item says."""
         joined = await self._queues.join(item_id, buyer, lead_ms=self._open_lead_ms)
         match joined.outcome:
             case Outcome.UNKNOWN_ITEM:
                 raise UnknownItem(f"item {item_id} is not on sale")
+            case Outcome.NOT_QUEUED:
+                raise NoWaitingRoom(f"item {item_id} has no waiting room: take a ticket")
             case Outcome.NOT_STARTED:
                 wait_s = max(1, -(-((joined.opens_at_ms or 0) - self._clock()) // 1000))
                 raise SaleClosed(

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -78,6 +79,9 @@ class Item(Base):
     per_buyer_limit: Mapped[int] = mapped_column(Integer)
     hold_seconds: Mapped[int] = mapped_column(Integer)
     stock_shards: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    waiting_room: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    queue_admit_per_second: Mapped[int | None] = mapped_column(Integer)  # None: the deployment's
+    queue_open_seconds: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
     # Set once its Redis keys are removed (or being removed): SQL answers every read from then on.
     archived_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

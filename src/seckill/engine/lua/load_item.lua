@@ -4,6 +4,8 @@
 -- ARGV  1 item id  2 total  3 starts_at_ms  4 ends_at_ms  5 per_buyer_limit  6 hold_ms
 --       7 force ("1" or "0")  8 now (ms; "" = Redis TIME)
 --       9 stock shards (absent: 1)  10 the item's total (absent: ARGV 2)
+--       11 waiting room ("1" or "0"; absent: "0")  12 its positions let in per second and
+--       13 how long before the start its queue opens (ms) ("" or absent: the deployment's)
 --
 -- With stock shards, the keys are one shard's and ARGV 2 its opening share. A shard already
 -- loaded keeps its own total (transfers have moved stock since it opened): only the settings
@@ -40,6 +42,12 @@ local item_total = int_arg(ARGV[10] or ARGV[2], 0, MAX_TOTAL)
 if not (shards and item_total) then
   return invalid("invalid_item", "stock shards must be from 1 to 64, with the item's total")
 end
+local room = ARGV[11] or "0"
+local admit, open_ms = ARGV[12] or "", ARGV[13] or ""
+if not ((room == "1" or room == "0") and (admit == "" or int_arg(admit, 0, 1000000))
+    and (open_ms == "" or int_arg(open_ms, 0, MAX_TIME))) then
+  return invalid("invalid_item", "waiting room must be 1 or 0, its pace and lead integers in range")
+end
 
 local counts = redis.call("HMGET", K.item, "held", "sold", "total", "shards", "item_total")
 local held, sold = tonumber(counts[1] or "0"), tonumber(counts[2] or "0")
@@ -71,6 +79,12 @@ local available = total - held - sold
 redis.call("HSET", K.item, "total", total, "available", available, "held", held, "sold", sold,
   "starts_at_ms", starts, "ends_at_ms", ends, "per_buyer_limit", limit, "hold_ms", hold_ms,
   "shards", shards, "item_total", item_total)
+redis.call("HSET", K.item, "waiting_room", room)
+-- Unset: the deployment's (the inlet's and the API's settings).
+if admit == "" then redis.call("HDEL", K.item, "queue_admit_per_second")
+else redis.call("HSET", K.item, "queue_admit_per_second", admit) end
+if open_ms == "" then redis.call("HDEL", K.item, "queue_open_ms")
+else redis.call("HSET", K.item, "queue_open_ms", open_ms) end
 if not counts[3] then redis.call("HSET", K.item, "run", live_run()) end
 redis.call("XADD", K.events, "*", "event", "loaded", "item_id", item_id, "total", item_total,
   "shard_total", total, "available", available, "starts_at_ms", starts, "ends_at_ms", ends,

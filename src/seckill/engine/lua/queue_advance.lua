@@ -1,7 +1,8 @@
 -- queue_advance.lua: let the next positions of an item's waiting room in (the inlet's step).
 --
 -- KEYS  1 item  2 queue  3 early  4 late  5 admissions
--- ARGV  1 rate: positions let in per second (0: no rate cap)
+-- ARGV  1 rate: positions let in per second (0: no rate cap): the deployment's, used unless the
+--       item has its own (`queue_admit_per_second` on its head, set by load_item)
 --       2 per unit: positions let in per unit available within one turn (0: no stock cap)
 --       3 units available now (the item's, summed over its shards)
 --       4 turn (ms): how long an admission counts against the units available
@@ -32,6 +33,7 @@ local starts, ends = sale_window()
 if not starts then return { "unknown_item" } end
 if now >= ends then return { "ended" } end
 if now < starts then return { "not_started", starts } end
+rate = tonumber(redis.call("HGET", Q.item, "queue_admit_per_second") or rate)
 
 local length = sealed(now, starts)
 local state = redis.call("HMGET", Q.queue, "late", "admitted", "last_ms", "credit")

@@ -15,6 +15,8 @@
 --   already_queued  {already_queued, position}: joined before; nothing changed
 --   not_started     {not_started, opens at ms}: the queue is not open yet; nothing changed
 --   ended           {ended}: the sale is over; nothing changed
+--   not_queued      {not_queued}: the item has no waiting room (it sells without one); nothing
+--                   changed
 --   unknown_item    {unknown_item}: no such item loaded; nothing changed
 -- Errors (nothing written):
 --   invalid_buyer, invalid_time, invalid_draw
@@ -28,7 +30,9 @@ if not (lead and now) then return bad_time(nil) end
 
 local starts, ends = sale_window()
 if not starts then return { "unknown_item" } end
+if redis.call("HGET", Q.item, "waiting_room") ~= "1" then return { "not_queued" } end
 if now >= ends then return { "ended" } end
+lead = tonumber(redis.call("HGET", Q.item, "queue_open_ms") or lead)
 
 local late = redis.call("HGET", Q.late, buyer)
 if late then return { "already_queued", tonumber(late:match("^%d+")) } end
