@@ -1,0 +1,161 @@
+"""The client kit against a live `seckill serve`: examples/buyer.py (httpx) and
+examples/buyer.js (Node's fetch) each buy a unit of an item and report the order held; and every
+path, method, header and status they rely on is one the served OpenAPI schema declares, so a
+client generated from it does what they do."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_serve import call, env_for, free_port, token
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+RUN_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Served:
+    base: str
+    env: dict[str, str]
+    item_id: int
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    data_dir = tmp_path_factory.mktemp("examples")
+    port = free_port()
+    env = env_for(data_dir, port)
+    base = f"http://127.0.0.1:{port}"
+    log_path = data_dir / "serve.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "seckill.cli", "serve"], env=env, stdout=log, stderr=log
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if call("GET", f"{base}/healthz")[0] == 200:
+                        break
+                except OSError:
+                    pass
+                assert server.poll() is None, log_path.read_text()
+                assert time.monotonic() < deadline, "serve did not come up in 30 s"
+                time.sleep(0.1)
+            admin = token(env, "--admin")
+            now = datetime.now(UTC)
+            status, item = call(
+                "POST", f"{base}/api/v1/admin/items", admin,
+                {"name": "Kit lamp", "price_cents": 2500, "total": 10, "per_buyer_limit": 1,
+                 "starts_at": (now - timedelta(minutes=1)).isoformat(),
+                 "ends_at": (now + timedelta(hours=1)).isoformat()},
+            )  # fmt: skip
+            assert status == 201, item
+            warmed = call("POST", f"{base}/api/v1/admin/items/{item['item_id']}/warm", admin)
+            assert warmed[0] == 200, warmed
+            yield Served(base, env, int(item["item_id"]))
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(timeout=20)
+
+
+def run(command: list[str], served: Served, buyer: str) -> dict[str, Any]:
+    """Run an example as a buyer (its token in SECKILL_TOKEN); the order it printed."""
+    env = served.env | {"SECKILL_TOKEN": token(served.env, "--buyer", buyer)}
+    done = subprocess.run(
+        [*command, "--url", served.base, str(served.item_id)],
+        capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def held(order: dict[str, Any], item_id: int) -> None:
+    assert order["status"] == "held", order
+    assert order["item_id"] == item_id
+    assert order["quantity"] == 1
+    assert re.fullmatch(r"[0-9]+", order["order_id"]), order  # a string: 64 bits
+    assert order["pay_before"] is not None
+
+
+def test_the_python_example_buys_and_reports_a_held_order(served: Served) -> None:
+    held(run([sys.executable, str(EXAMPLES / "buyer.py")], served, "py-buyer"), served.item_id)
+
+
+def test_the_js_example_buys_and_reports_a_held_order(served: Served) -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: examples/buyer.js needs Node 20 or later")
+    held(run([node, str(EXAMPLES / "buyer.js")], served, "js-buyer"), served.item_id)
+
+
+# What the examples rely on: each (method, path) with the headers it sends and the statuses it
+# reads; the statuses that come with Retry-After, which they wait out before asking again.
+USED = {
+    ("get", "/api/v1/items/{item_id}"): ((), ("200",)),
+    ("post", "/api/v1/items/{item_id}/tickets"): ((), ("200",)),
+    ("post", "/api/v1/items/{item_id}/orders"): (
+        ("Idempotency-Key", "Seckill-Ticket"),
+        ("202", "409", "429", "503"),
+    ),
+    ("get", "/api/v1/items/{item_id}/orders/{order_id}"): ((), ("200",)),
+}
+RETRIED = ("409", "429", "503")
+# How each example spells a path's parameters.
+PLACEHOLDERS = {
+    "{item_id}": "{item_id}", "${itemId}": "{item_id}",
+    "{order_id}": "{order_id}", "${orderId}": "{order_id}",
+}  # fmt: skip
+
+
+def paths_in(source: str) -> set[str]:
+    found = set()
+    for path in re.findall(r"/api/v1/[A-Za-z0-9_{}$/]+", source):
+        for spelled, template in PLACEHOLDERS.items():
+            path = path.replace(spelled, template)
+        found.add(path)
+    return found
+
+
+@pytest.mark.parametrize("example", ["buyer.py", "buyer.js"])
+def test_the_examples_use_only_what_the_schema_declares(served: Served, example: str) -> None:
+    source = (EXAMPLES / example).read_text()
+    assert paths_in(source) == {path for _, path in USED}, "USED no longer says what it uses"
+    for header in ("Idempotency-Key", "Seckill-Ticket", "Retry-After", "Authorization"):
+        assert header in source
+
+    status, schema = call("GET", f"{served.base}/openapi.json")
+    assert status == 200
+    for (method, path), (headers, statuses) in USED.items():
+        operation = schema["paths"][path][method]
+        parameters = {(p["in"], p["name"]): p for p in operation.get("parameters", [])}
+        for name in re.findall(r"{(\w+)}", path):
+            assert parameters[("path", name)]["required"], (path, name)
+        for header in headers:
+            assert ("header", header) in parameters, (method, path, header)
+        if "Idempotency-Key" in headers:
+            assert parameters[("header", "Idempotency-Key")]["required"] is True
+        for answer in statuses:
+            assert answer in operation["responses"], (method, path, answer)
+            if answer in RETRIED:
+                assert "Retry-After" in operation["responses"][answer]["headers"], answer
+        if path != "/api/v1/items/{item_id}":  # the item card is public
+            assert operation["security"] == [{"HTTPBearer": []}], (method, path)
+    reservation = schema["components"]["schemas"]["ReservationOut"]["properties"]
+    assert reservation["order_id"]["type"] == "string"
+    order = schema["components"]["schemas"]["OrderOut"]
+    assert {"order_id", "item_id", "quantity", "status", "pay_before"} <= set(order["required"])
