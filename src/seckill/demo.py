@@ -5,8 +5,11 @@ free port with a throwaway data directory: its own embedded redis-server and SQL
 SECKILL_REDIS_URL / SECKILL_DATABASE_URL say otherwise; with ``redis_cluster`` masters, a local
 Redis Cluster (``seckill.redis_cluster``) started for the demo. The crowd (``seckill.crowd``) then
 rushes it through HTTP exactly as ``seckill bench`` rushes a real deployment, and audits what
-it left, reading SQL directly as well. With ``waiting_room`` the server runs a waiting room
-(``waiting_room_env``) and the crowd queues in it first. With ``bridge_url`` it runs the bridge
+it left, reading SQL directly as well. With ``waiting_room`` the crowd's item is created with a
+waiting room of its own (its pace from ``queue_pace``, the deployment's queue settings from
+``waiting_room_env``) and the crowd queues in it first; with ``direct_item`` as well, a second
+crowd buys a second item without one, at the same time, in the same deployment, and both are
+judged. With ``bridge_url`` it runs the bridge
 to that broker too, and a consumer of the broker checks every order event arrived
 (``seckill.crowd.deliveries``).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import math
 import os
 import re
@@ -24,15 +28,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 from rich.console import Console
 
 from seckill.config import Settings
 from seckill.crowd.client import Credentials
 from seckill.crowd.plan import CrowdPlan, QueuePlan
-from seckill.crowd.rehearsal import rehearse
+from seckill.crowd.rehearsal import Rehearsal, rehearse
 from seckill.redis_cluster import LocalCluster
 
 STARTUP_LIMIT_S = 60
@@ -56,13 +61,16 @@ def run_demo(
     console: Console,
     redis_cluster: int = 0,
     waiting_room: bool = False,
+    direct_item: bool = False,
     bridge_url: str | None = None,
 ) -> bool:
     """Serve on a throwaway data directory, rush it with ``plan``'s crowd, audit what it left;
     True if every verdict passes. Raises ServerFailed if the server did not start.
 
     ``redis_cluster``: that many masters (a replica each) of a local Redis Cluster, instead of
-    the embedded Redis. ``waiting_room``: the server runs one and the crowd queues first.
+    the embedded Redis. ``waiting_room``: the crowd's item has one and the crowd queues first.
+    ``direct_item`` (with ``waiting_room``): another crowd of the same plan buys another item,
+    which has none, meanwhile; True only if the verdicts of both pass.
     ``bridge_url``: the server runs the bridge to that broker, and a consumer of the broker's
     default topology checks that the sale's order events all arrived."""
     # The broker may hold an earlier demo's messages, for an item with the same id.
@@ -73,7 +81,9 @@ def run_demo(
         contextlib.ExitStack() as stack,
     ):
         settings = demo_settings(Path(scratch))
-        queue = QueuePlan(front_s=QUEUE_FRONT_S) if waiting_room else None
+        queue = None
+        if waiting_room:
+            queue = QueuePlan(front_s=QUEUE_FRONT_S, admit_per_second=queue_pace(plan))
         server_env = waiting_room_env(plan) if waiting_room else {}
         binary = settings.redis_server_bin or None
         if redis_cluster:
@@ -99,27 +109,45 @@ def run_demo(
             database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,
             bridge_url=bridge_url, since_ms=started_ms, prefix=prefix,
         )  # fmt: skip
-        passed: bool = asyncio.run(rehearsal).result["passed"]
+        if queue is not None and direct_item:
+            # One live view at a time: the direct sale's is written aside and shown after.
+            aside = Console(file=io.StringIO(), width=console.width, force_terminal=False)
+            direct = rehearse(
+                url, plan, credentials, kind="demo", console=aside,
+                database_url=settings.effective_database_url, report_dir=report_dir,
+                since_ms=started_ms, prefix=prefix,
+            )  # fmt: skip
+            both = asyncio.run(_together(rehearsal, direct))
+            console.print("The item without a waiting room, sold meanwhile:", style="bold")
+            console.print(cast(io.StringIO, aside.file).getvalue(), markup=False, end="")
+            passed = all(r.result["passed"] for r in both)
+        else:
+            passed = asyncio.run(rehearsal).result["passed"]
         if not passed:  # what the server said may tell why
             console.print("The server's warnings and errors:", style="bold")
             console.print(server_complaints(settings.data_dir / SERVE_LOG), markup=False)
         return passed
 
 
+async def _together(*rehearsals: Coroutine[Any, Any, Rehearsal]) -> list[Rehearsal]:
+    return list(await asyncio.gather(*rehearsals))
+
+
 def waiting_room_env(plan: CrowdPlan) -> dict[str, str]:
-    """The demo server's waiting room, paced for ``plan``: a turn as long as a hold, so a unit
-    that comes back is offered down the line about when it does; two admissions per unit
-    within a turn; and a rate that lets one turn's worth in over the turn, so the line moves
-    steadily (for seconds, with the default crowd) instead of in one jump per turn."""
-    turn_s = plan.hold_seconds
-    rate = max(1, math.ceil(QUEUE_PER_UNIT * plan.units / turn_s))
+    """The demo server's queue settings, for ``plan``: a turn as long as a hold, so a unit that
+    comes back is offered down the line about when it does; two admissions per unit within a
+    turn. The server's default stays: no waiting room for an item that does not ask for one."""
     return {
-        "SECKILL_WAITING_ROOM": "true",
-        "SECKILL_QUEUE_ADMIT_PER_SECOND": str(rate),
         "SECKILL_QUEUE_ADMIT_PER_UNIT": str(QUEUE_PER_UNIT),
-        "SECKILL_QUEUE_TURN_SECONDS": str(turn_s),
+        "SECKILL_QUEUE_TURN_SECONDS": str(plan.hold_seconds),
         "SECKILL_QUEUE_FRONT_SECONDS": str(QUEUE_FRONT_S),
     }
+
+
+def queue_pace(plan: CrowdPlan) -> int:
+    """The demo item's own pace: one turn's worth let in over the turn, so the line moves
+    steadily (for seconds, with the default crowd) instead of in one jump per turn."""
+    return max(1, math.ceil(QUEUE_PER_UNIT * plan.units / plan.hold_seconds))
 
 
 def demo_settings(data_dir: Path) -> Settings:

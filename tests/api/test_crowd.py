@@ -17,7 +17,7 @@ from seckill.bootstrap.workers import WorkerKind
 from seckill.crowd.client import ApiClient, Credentials
 from seckill.crowd.plan import CrowdPlan, QueuePlan
 from seckill.crowd.rehearsal import Rehearsal, rehearse
-from seckill.crowd.sale import Sale, SaleRefused
+from seckill.crowd.sale import Sale, open_sale
 from seckill.engine.audit import Check
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.security.tokens import token_codec
@@ -174,6 +174,14 @@ async def test_a_crowd_through_the_waiting_room_passes_and_a_stranger_is_named(
 
 
 @pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
-async def test_a_deployment_without_a_waiting_room_is_refused(served: Api, sql_url: str) -> None:
-    with pytest.raises(SaleRefused, match=r"runs no waiting room \(404 no_waiting_room\)"):
-        await rush(served, sql_url, QueuePlan(lead_s=1.0))
+async def test_the_crowd_makes_its_item_with_a_room_of_its_own_or_none(served: Api) -> None:
+    async with aiohttp.ClientSession() as http:  # the deployment's default: no room
+        client = ApiClient(http, served.http.base_url, credentials(served))
+        queued = await open_sale(client, PLAN, kind="bench", queue=QueuePlan(admit_per_second=7))
+        direct = await open_sale(client, PLAN, kind="bench")
+    cards = [
+        (await served.http.get(f"/api/v1/items/{sale.item_id}")).json() for sale in (queued, direct)
+    ]
+    assert [(c["waiting_room"], c["queue_admit_per_second"]) for c in cards] == [
+        (True, 7), (False, None)
+    ]  # fmt: skip

@@ -147,15 +147,20 @@ def test_the_demo_through_a_waiting_room_passes_its_queue_verdicts(tmp_path: Pat
     assert shown["joined"] == 375 and shown["rank_correlation"] == room["rank_correlation"]
 
 
-def test_bench_through_a_waiting_room_needs_a_deployment_that_runs_one(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    data.mkdir()
-    with serving(data) as url:
-        done = run(
-            "bench", "--url", url, "--waiting-room", "--buyers", "20", "--units", "5",
-            "--report-dir", str(tmp_path / "reports"), data_dir=data,
-        )  # fmt: skip
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "runs no waiting room (404 no_waiting_room)" in done.stdout
-    assert "SECKILL_WAITING_ROOM=true" in done.stdout
-    assert not (tmp_path / "reports").exists()
+def test_two_items_one_with_a_waiting_room_both_pass_the_demos_verdicts(tmp_path: Path) -> None:
+    done = run(
+        "demo", "--waiting-room", "--direct-item", "--buyers", "60", "--units", "4",
+        "--report-dir", str(tmp_path),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "The item without a waiting room, sold meanwhile:" in done.stdout
+    assert done.stdout.count("All checks pass.") == 2 and "FAIL" not in done.stdout
+    results = [json.loads(path.read_text()) for path in tmp_path.glob("*.json")]
+    assert len(results) == 2 and all(result["passed"] for result in results)
+    roomed, direct = sorted(results, key=lambda result: "waiting_room" not in result)
+    assert [v["name"] for v in roomed["verdicts"]] == [*VERDICTS, *QUEUE_VERDICTS]
+    assert [v["name"] for v in direct["verdicts"]] == list(VERDICTS)
+    assert roomed["item_id"] != direct["item_id"]
+    assert roomed["waiting_room"]["tickets_before_turn"] == 0
+    assert roomed["stock"]["sold"][-1] == direct["stock"]["sold"][-1] == 4

@@ -49,7 +49,12 @@ def demo(
         "embedded Redis.",
     ),
     waiting_room: bool = typer.Option(
-        False, help=_WAITING_ROOM_HELP + " The server runs one, paced for the crowd."
+        False, help=_WAITING_ROOM_HELP + " The item has one, paced for the crowd."
+    ),
+    direct_item: bool = typer.Option(
+        False,
+        help="With --waiting-room: meanwhile a second crowd like the first buys a second item, "
+        "which has no waiting room, in the same deployment; both sales are judged.",
     ),
     bridge: str | None = typer.Option(
         None,
@@ -80,13 +85,14 @@ def demo(
         f"{plan.units:,} units, limit {plan.per_buyer_limit} each, holds of {plan.hold_seconds} s,"
         f" {plan.concurrency} in flight"
         + (", through a waiting room" if waiting_room else "")
+        + (", and as many for an item without one" if waiting_room and direct_item else "")
         + (", order events to a broker" if bridge else "")
     )
 
     def run() -> bool:
         return run_demo(
             plan, report_dir=report_dir, console=console, redis_cluster=redis_cluster,
-            waiting_room=waiting_room, bridge_url=bridge,
+            waiting_room=waiting_room, direct_item=direct_item, bridge_url=bridge,
         )  # fmt: skip
 
     _verdict(run)
@@ -138,8 +144,9 @@ def bench(
     report_dir: Path = _REPORT_DIR,
     waiting_room: bool = typer.Option(
         False,
-        help=_WAITING_ROOM_HELP + " The deployment must run one (SECKILL_WAITING_ROOM=true); "
-        "its SECKILL_QUEUE_FRONT_SECONDS sets the sold-out bound, and clocks may differ by 1 s.",
+        help=_WAITING_ROOM_HELP + " The item is created with one (the deployment runs the "
+        "inlet: `seckill serve` does); its SECKILL_QUEUE_FRONT_SECONDS sets the sold-out bound, "
+        "and clocks may differ by 1 s.",
     ),
 ) -> None:
     """Rehearse a sale against a running deployment and print the verdict.

@@ -137,7 +137,14 @@ class ApiClient:
         starts_at: datetime,
         ends_at: datetime,
         price_cents: int = 9_900,
+        waiting_room: bool = False,
+        queue_admit_per_second: int | None = None,
     ) -> Reply:
+        """Create an item: with ``waiting_room``, its buyers queue first, let in at
+        ``queue_admit_per_second`` (None: the deployment's pace)."""
+        room: dict[str, object] = {"waiting_room": waiting_room}
+        if queue_admit_per_second is not None:
+            room["queue_admit_per_second"] = queue_admit_per_second
         return await self.request(
             "POST",
             "/api/v1/admin/items",
@@ -150,6 +157,7 @@ class ApiClient:
                 "ends_at": ends_at.isoformat(),
                 "per_buyer_limit": per_buyer_limit,
                 "hold_seconds": hold_seconds,
+                **room,
             },
         )
 

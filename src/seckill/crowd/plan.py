@@ -79,14 +79,17 @@ class CrowdPlan:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueuePlan:
-    """The crowd through a waiting room: the sale starts ``lead_s`` after the item is created,
-    so the first crowd joins before it (their places are drawn at the start) and the late crowd
-    after (first come, first served)."""
+    """The crowd through a waiting room: the item is created with one, and its sale starts
+    ``lead_s`` after, so the first crowd joins before it (their places are drawn at the start)
+    and the late crowd after (first come, first served)."""
 
     lead_s: float = 3.0
+    admit_per_second: int | None = None  # the item's pace (None: the deployment's)
     front_s: float = 0.5  # how old a poll's answer may be: SECKILL_QUEUE_FRONT_SECONDS
     clock_tolerance_s: float = 0.0  # how far the crowd's clock may be from Redis's
 
     def __post_init__(self) -> None:
         if self.lead_s <= 0 or self.front_s <= 0 or self.clock_tolerance_s < 0:
             raise ValueError("the lead and front seconds must be positive, the tolerance >= 0")
+        if self.admit_per_second is not None and self.admit_per_second < 0:
+            raise ValueError("the pace must be at least 0")

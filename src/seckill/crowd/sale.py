@@ -120,8 +120,9 @@ class Sale:
 async def open_sale(
     client: ApiClient, plan: CrowdPlan, *, kind: str, queue: QueuePlan | None = None
 ) -> Sale:
-    """Create the item (on sale for an hour: from a second ago, or through a waiting room
-    ``queue.lead_s`` from now) and warm it."""
+    """Create the item (on sale for an hour: from a second ago, or with a waiting room
+    ``queue.lead_s`` from now; without ``queue``, with none whatever the deployment's default)
+    and warm it."""
     started_at = datetime.now(UTC)
     starts_at = started_at + (
         timedelta(seconds=queue.lead_s) if queue is not None else timedelta(seconds=-1)
@@ -134,6 +135,8 @@ async def open_sale(
             hold_seconds=plan.hold_seconds,
             starts_at=starts_at,
             ends_at=started_at + timedelta(hours=1),
+            waiting_room=queue is not None,
+            queue_admit_per_second=queue.admit_per_second if queue is not None else None,
         ),
         201,
         "create the item",
@@ -202,9 +205,9 @@ async def _crowds_through_the_queue(
     first_wave = crowd.first_wave()
     first = await room.join(next(first_wave))
     if first.outcome == "no_waiting_room":
-        raise SaleRefused(
-            "the deployment runs no waiting room (404 no_waiting_room): serve it with "
-            "SECKILL_WAITING_ROOM=true, or rehearse without --waiting-room"
+        raise SaleRefused(  # a deployment older than waiting rooms per item
+            "the deployment runs no waiting room for the item (404 no_waiting_room): "
+            "rehearse without --waiting-room"
         )
     _expect(first, 200, "join the waiting room")
     log.buyers_sent += 1
