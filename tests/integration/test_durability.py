@@ -159,7 +159,7 @@ async def test_without_a_replica_a_write_is_not_durable_and_its_retry_replays(
 
 
 async def test_a_queue_position_is_answered_once_a_replica_holds_it(servers: Servers) -> None:
-    await (await engine_on(servers.redis, None)).load_item(open_item(total=5))
+    await (await engine_on(servers.redis, None)).load_item(open_item(total=5, waiting_room=True))
     with pytest.raises(NotDurable):
         await Queues(await engine_on(servers.redis, QUICK)).join(1, "alice", lead_ms=0)
     replica = await servers.attach_replica()
