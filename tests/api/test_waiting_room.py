@@ -214,6 +214,9 @@ async def test_an_item_without_a_room_sells_directly_while_anothers_is_open(queu
     cards = [(await queued.http.get(f"/api/v1/items/{i}")).json() for i in (roomed, plain)]
     assert [c["waiting_room"] for c in cards] == [True, False]
     assert cards[0]["queue_admit_per_second"] is None  # the deployment's
+    listed = await queued.http.get("/api/v1/admin/items", headers=queued.as_admin)
+    rows = listed.json()["items"]
+    assert {row["item_id"]: row["waiting_room"] for row in rows} == {roomed: True, plain: False}
 
 
 async def test_an_item_has_its_own_pace_and_opening(queued: Api) -> None:

@@ -3,7 +3,6 @@ each item's stage and archive it once settled."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -31,7 +30,7 @@ from seckill.api.schemas import (
     WarmOut,
 )
 from seckill.bootstrap.services import Context, archivist
-from seckill.domain.items import Stock
+from seckill.domain.items import ItemRecord, Stock
 from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
@@ -122,10 +121,7 @@ async def items(
         stage_of=stage, before=decode_cursor(cursor, id_position), limit=limit
     )
     return ItemStagePageOut(
-        items=[
-            _stage_out(record.name, record.starts_at, record.ends_at, settled)
-            for record, settled in page.stages
-        ],
+        items=[_stage_out(record, settled) for record, settled in page.stages],
         next_cursor=id_cursor(page.next_cursor),
     )
 
@@ -153,10 +149,10 @@ def _archivist(ctx: Context) -> Archivist:
     return archivist(ctx.runtime, ledger=ctx.ledger)
 
 
-def _stage_out(name: str, starts_at: datetime, ends_at: datetime, s: Settlement) -> ItemStageOut:
+def _stage_out(record: ItemRecord, s: Settlement) -> ItemStageOut:
     return ItemStageOut(
-        item_id=s.item_id, name=name, starts_at=starts_at, ends_at=ends_at, stage=s.stage,
-        archived_at=s.archived_at,
+        item_id=s.item_id, name=record.name, starts_at=record.starts_at, ends_at=record.ends_at,
+        waiting_room=record.waiting_room, stage=s.stage, archived_at=s.archived_at,
         unsettled=[HindranceOut(reason=h.reason, detail=h.detail) for h in s.hindrances],
     )  # fmt: skip
 

@@ -158,6 +158,7 @@ class ItemStageOut(BaseModel):
     name: str
     starts_at: datetime
     ends_at: datetime
+    waiting_room: bool = Field(description="Its buyers queue first (see GET /api/v1/items/{id}).")
     stage: Stage = Field(description="scheduled, on_sale, ended, settled or archived.")
     archived_at: datetime | None
     unsettled: list[HindranceOut] = Field(
