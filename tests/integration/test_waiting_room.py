@@ -163,6 +163,18 @@ async def test_the_inlet_keeps_the_items_own_rate(
     assert all(b - a == 10 for a, b in pairwise(frontiers[2][1:])), frontiers[2]
 
 
+async def test_a_head_rebuilt_from_nothing_keeps_the_items_room(engine: RedisEngine) -> None:
+    item = replace(open_item(waiting_room=True), queue_admit_per_second=3, queue_open_seconds=5)
+    await engine.recover(item, last_landed_id="0-0", orders=[])  # Redis lost everything
+    loaded, fenced = await engine.terms(1)
+    assert loaded is not None and loaded.waiting_room and not fenced
+    head = await engine.execute(
+        "HMGET", engine.keys(1).item, "queue_admit_per_second", "queue_open_ms"
+    )
+    assert head == ["3", "5000"]
+    assert (await Queues(engine).join(1, "alice", lead_ms=LEAD_MS)).outcome is Outcome.QUEUED
+
+
 async def test_bad_input_is_refused_and_changes_nothing(engine: RedisEngine) -> None:
     await engine.load_item(open_item(waiting_room=True))
     queues = Queues(engine)

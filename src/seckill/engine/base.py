@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from seckill.domain import rules
+from seckill.domain.items import SaleItem
 from seckill.engine.cluster import RedisClient
 from seckill.engine.keys import ItemKeys, item_keys, items_registry
 from seckill.engine.scripts import ScriptName, Scripts
@@ -175,3 +176,14 @@ class EngineBase:
         if any(v is None for v in values):
             return None
         return [int(v) for v in values if v is not None]
+
+
+def queue_args(item: SaleItem) -> tuple[str, int | str, int | str]:
+    """The item's waiting room as load_item and recover take it (see queue_args in
+    _common.lua): "1" or "0", then its pace and its queue's lead in ms ("": the deployment's)."""
+    lead = item.queue_open_seconds
+    return (
+        "1" if item.waiting_room else "0",
+        "" if item.queue_admit_per_second is None else item.queue_admit_per_second,
+        "" if lead is None else lead * 1000,
+    )

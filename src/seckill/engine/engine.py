@@ -18,6 +18,7 @@ from seckill.domain.holds import HoldTransition, PaymentSettlement, Reservation
 from seckill.domain.items import SaleItem
 from seckill.domain.outcomes import Outcome
 from seckill.domain.shards import home_shard, split_stock
+from seckill.engine.base import queue_args
 from seckill.engine.cluster import time_ms
 from seckill.engine.keys import items_registry
 from seckill.engine.reads import EngineReads
@@ -86,9 +87,7 @@ class RedisEngine(EngineReads, EngineRepairs):
             self.now_arg(),
             item.stock_shards,
             item.total,
-            "1" if item.waiting_room else "0",
-            _unset_or(item.queue_admit_per_second),
-            _unset_or(None if item.queue_open_seconds is None else item.queue_open_seconds * 1000),
+            *queue_args(item),
             shard=shard,
         )
         return Outcome(reply[0])
@@ -343,7 +342,3 @@ def _settlement(reply: list[Any], *, replayed: bool = False) -> PaymentSettlemen
     reasons = RefundReason if outcome is Outcome.REFUND_REQUIRED else ReleaseReason
     reason = reasons(reply[1]) if len(reply) > 1 else None
     return PaymentSettlement(outcome, reason, replayed=replayed)
-
-
-def _unset_or(value: int | None) -> int | str:
-    return "" if value is None else value

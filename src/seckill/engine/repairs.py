@@ -14,7 +14,7 @@ from seckill.domain import rules
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.lifecycle import Unsettled
 from seckill.domain.outcomes import Outcome
-from seckill.engine.base import EngineBase
+from seckill.engine.base import EngineBase, queue_args
 from seckill.engine.keys import item_card_keys, items_registry, queue_keys, queues_registry
 from seckill.engine.reads import ShardRemains
 from seckill.engine.scripts import ScriptName
@@ -168,6 +168,7 @@ class EngineRepairs(EngineBase):
             item.stock_shards,
             item.total,
             "plan" if plan else "",
+            *queue_args(item),
             extra_keys=(keys.payments, keys.transfers, keys.in_transit),
             shard=shard,
         )

@@ -77,6 +77,27 @@ local function sale_args(first)
   return sale
 end
 
+-- An item's waiting room from ARGV[first .. first + 2]: "1" or "0" (absent: "0"), then its pace
+-- (positions a second) and its queue's lead (ms), each "" or absent for the deployment's. Read
+-- before anything is written; saved on the head by save_queue_args.
+local function queue_args(first)
+  local room, admit, open_ms = ARGV[first] or "0", ARGV[first + 1] or "", ARGV[first + 2] or ""
+  if not ((room == "1" or room == "0") and (admit == "" or int_arg(admit, 0, 1000000))
+      and (open_ms == "" or int_arg(open_ms, 0, MAX_TIME))) then
+    return nil, invalid("invalid_item", "waiting room must be 1 or 0, its pace and lead integers in range")
+  end
+  return { room = room, admit = admit, open_ms = open_ms }
+end
+
+local function save_queue_args(key, queue)
+  redis.call("HSET", key, "waiting_room", queue.room)
+  -- Unset: the deployment's (the inlet's and the API's settings).
+  if queue.admit == "" then redis.call("HDEL", key, "queue_admit_per_second")
+  else redis.call("HSET", key, "queue_admit_per_second", queue.admit) end
+  if queue.open_ms == "" then redis.call("HDEL", key, "queue_open_ms")
+  else redis.call("HSET", key, "queue_open_ms", queue.open_ms) end
+end
+
 -- This server's run id: a new one at every start. A shard's head keeps, in `run`, the run id it
 -- was loaded or last verified under; under any other (Redis restarted, perhaps from an older
 -- AOF; a replica promoted, perhaps one that missed writes; the slot moved) the shard is fenced:

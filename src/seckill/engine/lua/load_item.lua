@@ -42,12 +42,9 @@ local item_total = int_arg(ARGV[10] or ARGV[2], 0, MAX_TOTAL)
 if not (shards and item_total) then
   return invalid("invalid_item", "stock shards must be from 1 to 64, with the item's total")
 end
-local room = ARGV[11] or "0"
-local admit, open_ms = ARGV[12] or "", ARGV[13] or ""
-if not ((room == "1" or room == "0") and (admit == "" or int_arg(admit, 0, 1000000))
-    and (open_ms == "" or int_arg(open_ms, 0, MAX_TIME))) then
-  return invalid("invalid_item", "waiting room must be 1 or 0, its pace and lead integers in range")
-end
+local queue
+queue, refused = queue_args(11)
+if refused then return refused end
 
 local counts = redis.call("HMGET", K.item, "held", "sold", "total", "shards", "item_total")
 local held, sold = tonumber(counts[1] or "0"), tonumber(counts[2] or "0")
@@ -79,12 +76,7 @@ local available = total - held - sold
 redis.call("HSET", K.item, "total", total, "available", available, "held", held, "sold", sold,
   "starts_at_ms", starts, "ends_at_ms", ends, "per_buyer_limit", limit, "hold_ms", hold_ms,
   "shards", shards, "item_total", item_total)
-redis.call("HSET", K.item, "waiting_room", room)
--- Unset: the deployment's (the inlet's and the API's settings).
-if admit == "" then redis.call("HDEL", K.item, "queue_admit_per_second")
-else redis.call("HSET", K.item, "queue_admit_per_second", admit) end
-if open_ms == "" then redis.call("HDEL", K.item, "queue_open_ms")
-else redis.call("HSET", K.item, "queue_open_ms", open_ms) end
+save_queue_args(K.item, queue)
 if not counts[3] then redis.call("HSET", K.item, "run", live_run()) end
 redis.call("XADD", K.events, "*", "event", "loaded", "item_id", item_id, "total", item_total,
   "shard_total", total, "available", available, "starts_at_ms", starts, "ends_at_ms", ends,

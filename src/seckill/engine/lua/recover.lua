@@ -26,6 +26,8 @@
 --       10 SQL's successful payments of this shard: JSON [[payment id, order id (string),
 --          outcome, reason or null], ...] (outcome paid or refund_required)
 --       11 the item's stock shards  12 the item's total  13 "plan" to only plan
+--       14 15 16 its waiting room, pace and queue lead, as load_item takes them (so a head
+--       rebuilt from nothing keeps its room)
 --
 -- Replies:
 --   recovered  {recovered, restored, advanced, conflicts, available, held, sold}: holds created
@@ -54,6 +56,9 @@ if not (shards and item_total) then
   return invalid("invalid_item", "stock shards must be from 1 to 64, with the item's total")
 end
 local plan_only = ARGV[13] == "plan"
+local queue
+queue, refused = queue_args(14)
+if refused then return refused end
 local sql_ms, sql_seq = string.match(ARGV[8], "^(%d+)-(%d+)$")
 local ok, orders = pcall(cjson.decode, ARGV[9])
 local paid_ok, payments = pcall(cjson.decode, ARGV[10] or "[]")
@@ -132,6 +137,7 @@ end
 redis.call("HSET", K.item, "total", total, "starts_at_ms", sale.starts, "ends_at_ms", sale.ends,
   "per_buyer_limit", sale.limit, "hold_ms", sale.hold_ms, "shards", shards,
   "item_total", item_total, "run", live_run())
+save_queue_args(K.item, queue)
 save_tally(total, tally)
 if shards > 1 then redis.call("DEL", KEYS[7], KEYS[8]) end
 
