@@ -1,7 +1,9 @@
-"""The inlet: lets the next buyers of every waiting room in, at the configured pace.
+"""The inlet: lets the next buyers of every waiting room in, at the configured pace (the item's
+own rate where it has one).
 
 Each pass takes one step of ``queue_advance`` per queued item (see that script for the rule: a
-rate, a stock cap per unit available within a turn, everyone queued). One process steps at a
+rate, a stock cap per unit available within a turn, everyone queued). Only items created with a
+waiting room have a queue to step: nobody can join another's. One process steps at a
 time across all replicas, holding the upkeep lock (a ``Lease``); a holder that dies lets it lapse
 after a few intervals and another replica carries on from the state in Redis. An item whose sale
 ended, or that is gone, leaves the inlet's rounds.
