@@ -196,6 +196,8 @@ class LeanRoutes:
         headers: dict[bytes, bytes],
         request_id: str,
     ) -> Answer:
+        if route.decide is alive:  # liveness asks nothing of the runtime, open or not
+            return _ALIVE
         ctx = self.context
         if ctx is None:
             raise RuntimeError("a lean route was called before the API started")
@@ -213,6 +215,7 @@ class LeanRoutes:
 
 
 async def alive(ctx: Context, request: Request) -> Answer:
+    """``GET /livez``: the process serves (``_answer`` gives this before it needs a context)."""
     return _ALIVE
 
 
