@@ -44,7 +44,7 @@ BASE_IMAGE = "python:3.11-slim-bookworm"
 ROLES = [
     ["api"],
     ["serve"],
-    *(["worker", kind] for kind in ("persister", "reaper", "reconciler", "archiver")),
+    *(["worker", kind] for kind in ("persister", "reaper", "reconciler", "archiver", "inlet")),
     ["worker", "inlet"],
     ["worker", "bridge"],
     ["db", "upgrade"],

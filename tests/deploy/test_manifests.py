@@ -41,7 +41,7 @@ KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests promise to app
 CHECKED_CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 SECKILL = Path(sys.executable).with_name("seckill")
 TARGETS = [K8S_BASE, *sorted(p for p in OVERLAYS.iterdir() if p.is_dir())]
-WORKER_ROLES = ("persister", "reaper", "reconciler", "archiver")
+WORKER_ROLES = ("persister", "reaper", "reconciler", "archiver", "inlet")
 
 
 @functools.cache
