@@ -19,7 +19,6 @@ from seckill.api.schemas import (
     ArchiveOut,
     AuditOut,
     CheckOut,
-    Counters,
     HindranceOut,
     ItemCountersOut,
     ItemOut,
@@ -28,9 +27,10 @@ from seckill.api.schemas import (
     NewItemIn,
     QueueReportOut,
     WarmOut,
+    counters_out,
 )
 from seckill.bootstrap.services import Context, archivist
-from seckill.domain.items import ItemRecord, Stock
+from seckill.domain.items import ItemRecord
 from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
@@ -99,11 +99,11 @@ async def counters(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemCountersO
     found = await item_counters(ctx.runtime.engine, ctx.ledger, item_id)
     return ItemCountersOut(
         item_id=item_id,
-        redis=_counters(found.redis),
-        sql=_counters(found.sql),
+        redis=counters_out(found.redis),
+        sql=counters_out(found.sql),
         backlog=found.backlog,
         agree=found.redis == found.sql,
-        shards=[_counters(shard) for shard in found.shards],
+        shards=[counters_out(shard) for shard in found.shards],
     )
 
 
@@ -196,9 +196,3 @@ async def queue(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> QueueReportOut:
             AdmissionOut(at=ms_to_datetime(a.at_ms), upto=a.upto) for a in report.admissions
         ],
     )
-
-
-def _counters(stock: Stock | None) -> Counters | None:
-    if stock is None:
-        return None
-    return Counters(total=stock.total, available=stock.available, held=stock.held, sold=stock.sold)

@@ -16,6 +16,7 @@ from seckill.api import (
     buyers,
     dashboard,
     dead_letters,
+    drift,
     health,
     metrics,
     payments,
@@ -127,8 +128,8 @@ def create_app(
     app.state.drain = drain or Drain()
     install_error_handlers(app)
     routers = (
-        buyers, tickets, queue, admin, refunds, dead_letters, payments, health, metrics, dashboard,
-        waiting_page,
+        buyers, tickets, queue, admin, drift, refunds, dead_letters, payments, health, metrics,
+        dashboard, waiting_page,
     )  # fmt: skip
     for module in routers:
         app.include_router(module.router)

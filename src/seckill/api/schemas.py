@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from seckill.domain.events import RefundReason
-from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_QUEUE_OPEN_SECONDS
+from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_QUEUE_OPEN_SECONDS, Stock
 from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.money import RefundState
 from seckill.domain.orders import OrderStatus
@@ -134,6 +134,12 @@ class Counters(BaseModel):
     available: int
     held: int
     sold: int
+
+
+def counters_out(stock: Stock | None) -> Counters | None:
+    if stock is None:
+        return None
+    return Counters(total=stock.total, available=stock.available, held=stock.held, sold=stock.sold)
 
 
 class ItemCountersOut(BaseModel):
@@ -322,3 +328,50 @@ class QueueReportOut(BaseModel):
     admitted_up_to: int
     admissions_per_s: float | None = Field(description="The inlet's pace over its last 10 s.")
     admissions: list[AdmissionOut] = Field(description="Every step of the inlet, oldest first.")
+
+
+class DeadLettersIn(_In):
+    ids: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] = Field(
+        min_length=1, max_length=500, description="Dead letter ids, as the list gives them."
+    )
+    group: str | None = Field(
+        None, max_length=200, description="Only if they are this consumer group's."
+    )
+
+
+class LetterSettledOut(BaseModel):
+    id: str
+    refused: str | None = Field(description="Why it is still pending; null: settled.")
+
+
+class SettledOut(BaseModel):
+    ok: bool = Field(description="Every letter asked for was pending and is settled now.")
+    missing: list[str] = Field(description="Ids that name no pending dead letter.")
+    letters: list[LetterSettledOut] = Field(description="Each letter tried, in order.")
+
+
+class FindingOut(BaseModel):
+    kind: str = Field(description="The kind of drift, as the reconciler's journal names it.")
+    subject: str = Field(description='What disagrees: "order 123", a counter, the item.')
+    redis: str = Field(description="What Redis says.")
+    sql: str = Field(description="What SQL says.")
+    detail: str
+    shard: int = Field(description="The stock shard it was found on (0 when unsharded).")
+
+
+class RepairOut(BaseModel):
+    kind: str
+    subject: str
+    action: str = Field(description="What was done, and which side won.")
+    detail: str
+
+
+class DriftOut(BaseModel):
+    item_id: int
+    position: str = Field(description='The stream position compared as of ("archived": SQL).')
+    agree: bool = Field(description="Nothing disagrees (after the repairs, for a repair).")
+    redis: Counters | None
+    sql: Counters | None
+    found: list[FindingOut]
+    repairs: list[RepairOut] = Field(description="What a repair did (journaled); [] for a look.")
+    left: list[FindingOut] = Field(description="What still disagrees.")

@@ -15,6 +15,7 @@ from seckill.services.archive import Archivist
 from seckill.services.item_cache import ItemCache, ItemSource
 from seckill.services.orders import OrderBook
 from seckill.services.purchases import Purchases
+from seckill.services.reconcile.reconciler import Reconciler
 from seckill.services.tickets import TicketGate, TicketOffice
 from seckill.services.waiting_room import WaitingRoom
 from seckill.store.ledger import Ledger
@@ -90,3 +91,9 @@ def archivist(runtime: Runtime, *, ledger: Ledger | None = None) -> Archivist:
     """Archiving, on ``ledger`` (default: the runtime's own)."""
     grace = timedelta(seconds=runtime.settings.archive_grace_seconds)
     return Archivist(engine=runtime.engine, ledger=ledger or runtime.ledger, grace=grace)
+
+
+def reconciler(runtime: Runtime, *, ledger: Ledger | None = None) -> Reconciler:
+    """Reconciling, on ``ledger`` (default: the runtime's own), with the configured grace."""
+    grace_ms = int(runtime.settings.reconcile_grace_seconds * 1000)
+    return Reconciler(runtime.engine, ledger or runtime.ledger, grace_ms=grace_ms)

@@ -7,9 +7,8 @@ import asyncio
 from enum import StrEnum
 
 from seckill.bootstrap.runtime import Runtime
-from seckill.bootstrap.services import archivist
+from seckill.bootstrap.services import archivist, reconciler
 from seckill.engine.queues import Queues
-from seckill.services.reconcile.reconciler import Reconciler
 from seckill.sinks import sink_from_url
 from seckill.workers.archiver import Archiver
 from seckill.workers.bridge import Bridge
@@ -50,12 +49,8 @@ def build_worker(
         return worker, 0.0  # its read blocks in Redis instead
     if kind is WorkerKind.RECONCILER:
         settings = runtime.settings
-        reconciler = ReconcilerWorker(
-            reconciler=Reconciler(
-                runtime.engine,
-                runtime.ledger,
-                grace_ms=int(settings.reconcile_grace_seconds * 1000),
-            ),
+        reconciling = ReconcilerWorker(
+            reconciler=reconciler(runtime),
             redis=runtime.redis,
             scripts=runtime.engine.scripts,
             prefix=prefix,
@@ -63,7 +58,7 @@ def build_worker(
             repair=settings.reconcile_repair,
             engine=runtime.engine,
         )
-        return reconciler, settings.fence_check_seconds
+        return reconciling, settings.fence_check_seconds
     if kind is WorkerKind.BRIDGE:
         if not runtime.settings.bridge_url:
             raise ValueError("the bridge needs a broker: set SECKILL_BRIDGE_URL (or --to)")

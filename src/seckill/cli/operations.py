@@ -268,14 +268,13 @@ def reconcile(
 
     Exit code 1 if drift is found (with --repair: if any is left after repairing), 0 otherwise.
     """
+    from seckill.bootstrap.services import reconciler
     from seckill.cli.output import print_report, report_json
-    from seckill.services.reconcile.reconciler import ItemReport, Reconciler
+    from seckill.services.reconcile.reconciler import ItemReport
 
     async def work(runtime: Runtime) -> list[ItemReport]:
-        grace_ms = int(runtime.settings.reconcile_grace_seconds * 1000)
-        reconciler = Reconciler(runtime.engine, runtime.ledger, grace_ms=grace_ms)
-        chosen = items or await reconciler.item_ids()
-        return await reconciler.reconcile_many(chosen, repair=repair)
+        chosen = reconciler(runtime)
+        return await chosen.reconcile_many(items or await chosen.item_ids(), repair=repair)
 
     reports = with_runtime(work)
     if as_json:

@@ -76,7 +76,8 @@ REPLAYED = frozenset({Drift.ORDER_MISSING_IN_SQL, Drift.ORDER_BEHIND_IN_SQL})
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ItemReport:
     """One item's comparison: as of which stream position, what was found, what was repaired
-    and what is left after the repairs (equal to ``found`` when nothing was repaired)."""
+    and what is left after the repairs (equal to ``found`` when nothing was repaired). The
+    counters are the last look's: after the repairs, when any were made."""
 
     item_id: int
     position: str
@@ -122,6 +123,25 @@ def _archived_findings(book: ItemBook, dead_letters: list[int]) -> list[Finding]
     for letters in dead_letters:
         findings += dead_letter_findings(letters)
     return findings
+
+
+def _report(item_id: int, compared: Comparison) -> ItemReport:
+    return ItemReport(
+        item_id=item_id,
+        position=compared.snapshots[0].last_event_id if compared.snapshots else "archived",
+        redis_stock=compared.redis_stock,
+        sql_stock=compared.book.stock,
+        found=compared.findings,
+        left=compared.findings,
+    )
+
+
+def _repaired(report: ItemReport, repairs: list[RepairRecord], after: Comparison) -> ItemReport:
+    """``report`` with its repairs, and the counters and drift of the look taken after them."""
+    return dataclasses.replace(
+        report, repairs=repairs, left=after.findings,
+        redis_stock=after.redis_stock, sql_stock=after.book.stock,
+    )  # fmt: skip
 
 
 class Reconciler:
@@ -248,33 +268,30 @@ class Reconciler:
     async def reconcile(self, item_id: int, *, repair: bool = False) -> ItemReport:
         return await self._reconciled(item_id, await self.compare(item_id), repair=repair)
 
+    async def look(self, item_id: int) -> ItemReport:
+        """What disagrees, and nothing else done: no fence, no repair (for an operator's look;
+        the reconciler's pass fences an item found behind SQL)."""
+        return _report(item_id, await self.compare(item_id))
+
     async def _reconciled(self, item_id: int, compared: Comparison, *, repair: bool) -> ItemReport:
         found = compared.findings
-        report = ItemReport(
-            item_id=item_id,
-            position=compared.snapshots[0].last_event_id if compared.snapshots else "archived",
-            redis_stock=compared.redis_stock,
-            sql_stock=compared.book.stock,
-            found=found,
-            left=found,
-        )
+        report = _report(item_id, compared)
         lost = {f.kind for f in found} & REDIS_LOST
         if not repair and lost:
             # Found behind SQL: it stops selling now, and the fence check rebuilds it (an item
             # Redis lost whole sells nothing as it is: rebuilt here, with nothing to merge).
             if Drift.REDIS_LOST_ITEM in lost:
                 repairs = await self._repair(item_id, found, compared.book)
-                left = (await self.compare(item_id)).findings
-                return dataclasses.replace(report, repairs=repairs, left=left)
+                return _repaired(report, repairs, await self.compare(item_id))
             for shard in range(await self._engine.shard_count(item_id)):
                 await self._engine.fence(item_id, shard, "redis_lost")
         if not repair or not found:
             return report
         repairs = await self._repair(item_id, found, compared.book)
-        left = (await self.compare(item_id)).findings
-        for finding in left:
+        repaired = _repaired(report, repairs, await self.compare(item_id))
+        for finding in repaired.left:
             log.warning("item %d: drift left after repair: %s %s", item_id, finding.kind, finding)
-        return dataclasses.replace(report, repairs=repairs, left=left)
+        return repaired
 
     async def _repair(
         self, item_id: int, found: list[Finding], book: ItemBook
