@@ -287,17 +287,24 @@ async def api(
         yield live
 
 
-@pytest.fixture
-async def served(
-    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
-) -> AsyncIterator[Api]:
+@contextlib.asynccontextmanager
+async def served_api(redis_server: RedisTarget, sql_url: str, data_dir: Path) -> AsyncIterator[Api]:
     """The API with its persister and a reaper passing every 50 ms, as `seckill serve` runs."""
     settings = api_settings(
         **redis_settings(redis_server),
         database_url=sql_url,
-        data_dir=tmp_path,
+        data_dir=data_dir,
         reaper_interval_seconds=0.05,
         ticket_ttl_seconds=600,  # a crowd's tickets outlast the whole scripted sale
     )
     async with running_api(settings, workers=(WorkerKind.PERSISTER, WorkerKind.REAPER)) as live:
+        yield live
+
+
+@pytest.fixture
+async def served(
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+) -> AsyncIterator[Api]:
+    """``served_api`` on the session's Redis (flushed) and SQL database (emptied)."""
+    async with served_api(redis_server, sql_url, tmp_path) as live:
         yield live

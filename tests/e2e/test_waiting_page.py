@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.async_api import Browser, Page, Request, async_playwright, expect
@@ -63,14 +64,16 @@ class Seen:
 
 
 @contextlib.asynccontextmanager
-async def browser_page() -> AsyncIterator[tuple[Page, Seen]]:
+async def browser_page(**context: Any) -> AsyncIterator[tuple[Page, Seen]]:
+    """A page in headless Chromium, with what it does seen; ``context``: Playwright's context
+    options (a time zone, a larger viewport)."""
     executable = chromium_path()
     async with async_playwright() as playwright:
         browser: Browser = await playwright.chromium.launch(
             executable_path=executable, headless=True, args=CHROMIUM_ARGS
         )
         try:
-            page = await browser.new_page(viewport={"width": 800, "height": 700})
+            page = await browser.new_page(**{"viewport": {"width": 800, "height": 700}} | context)
             ARTIFACTS.mkdir(exist_ok=True)
             seen = Seen()
             page.on("request", lambda request: seen.requests.append((time.monotonic(), request)))

@@ -14,6 +14,7 @@ from seckill import __version__
 from seckill.api import (
     admin,
     buyers,
+    console,
     dashboard,
     dead_letters,
     drift,
@@ -129,7 +130,7 @@ def create_app(
     install_error_handlers(app)
     routers = (
         buyers, tickets, queue, admin, drift, refunds, dead_letters, payments, health, metrics,
-        dashboard, waiting_page,
+        dashboard, console, waiting_page,
     )  # fmt: skip
     for module in routers:
         app.include_router(module.router)

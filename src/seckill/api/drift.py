@@ -22,7 +22,9 @@ Ctx = Annotated[Context, Depends(context)]
 
 
 @router.get(
-    "/items/{item_id}/drift", response_model=DriftOut, responses=documented(401, 403, 404, 422, 503)
+    "/items/{item_id}/drift",
+    response_model=DriftOut,
+    responses=documented(401, 403, 404, 422, 503),
 )
 async def drift(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> DriftOut:
     """What Redis and SQL disagree on for this item, as of one stream position. Only a look:
@@ -32,7 +34,9 @@ async def drift(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> DriftOut:
 
 
 @router.post(
-    "/items/{item_id}/repair", response_model=DriftOut, responses=documented(401, 403, 404, 422, 503)
+    "/items/{item_id}/repair",
+    response_model=DriftOut,
+    responses=documented(401, 403, 404, 422, 503),
 )
 async def repair(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> DriftOut:
     """Repair the drift found, each repair journaled as the reconciler's are (which side wins

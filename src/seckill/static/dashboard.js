@@ -7,7 +7,7 @@
   var DATA_URL = "api/v1/admin/dashboard";  // relative: works behind a path prefix too
   var POLL_MS = 1000;
   var MAX_POINTS = 3600;  // an hour of polls; older points are dropped
-  var STORE_KEY = "seckill.dashboard.token";
+  var STORE_KEY = "seckill.admin.token";  // shared with the console, in the same tab
   var HEIGHT = 180;
   var STOCK = [
     { field: "available", color: "#1a7f37" },
