@@ -274,12 +274,19 @@ def make_crowd(who: Credentials, prefix: str, count: int, repeat_share: float = 
 async def fetch_tickets(
     client: ApiClient, item_id: int, buyers: Sequence[Buyer], concurrency: int
 ) -> None:
-    """Every buyer's purchase ticket for ``item_id``, ``concurrency`` at a time."""
+    """Every buyer's purchase ticket for ``item_id``, ``concurrency`` at a time.
+
+    For a sold-out item too: a process that has just seen it sold out refuses tickets (409
+    ``sold_out``) until its flag runs out (``SECKILL_SOLD_OUT_RECHECK_MS``), so such a refusal
+    is asked again a moment later; nobody buys meanwhile, so the flag does run out."""
     turns = iter(buyers)
 
     async def connection() -> None:
         for buyer in turns:
             reply = await client.ticket(item_id, buyer.name)
+            while reply.status == 409 and reply.outcome == "sold_out":
+                await asyncio.sleep(0.1)
+                reply = await client.ticket(item_id, buyer.name)
             if reply.status != 200:
                 sys.exit(f"no ticket for {buyer.name}: {reply.status} {reply.body}")
             buyer.ticket = reply.body["ticket"]
