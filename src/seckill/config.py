@@ -277,7 +277,10 @@ class Settings(BaseSettings):
         512, ge=1, description="Purchases one process decides at once; more get 503."
     )
     sold_out_recheck_ms: int = Field(
-        500, ge=1, description="A process that saw an item sold out asks Redis again after this."
+        500,
+        ge=1,
+        description="A process that saw an item sold out answers its purchases, tickets and "
+        "item reads as sold out for this long, then asks Redis again.",
     )
     item_cache_local_seconds: float = Field(1.0, gt=0, description="In-process item cache TTL.")
     item_cache_redis_seconds: int = Field(60, ge=1, description="Redis item cache TTL (+ jitter).")

@@ -122,16 +122,20 @@ async def test_counters_equal_what_was_sent(metered: Api) -> None:
         sent[PURCHASE_ROUTE][outcome_of(PURCHASE_ROUTE, answer)] += 1
         return answer
 
-    # 5 units, 8 buyers once each; then one greedy buyer past the rate limit (5 attempts).
+    # 5 units, 8 buyers once each (their tickets taken first: none is issued once the flag
+    # stands); a late buyer's ticket then; one greedy buyer past the rate limit (5 attempts).
     scarce = await api.create_item(total=5)
     for n in range(8):
         await api.ticket(scarce, f"buyer-{n}")
+    for n in range(8):
         count(await api.buy(scarce, f"buyer-{n}", f"k-{n}"))
+    late = await api.issue_ticket(scarce, "late")
+    assert (late.status_code, late.json()["error"]) == (409, "sold_out")
     plenty = await api.create_item(total=100)
     await api.ticket(plenty, "greedy")
     for n in range(6):
         count(await api.buy(plenty, "greedy", f"greedy-{n}"))
-    sent[TICKETS_ROUTE]["200"] = 9
+    sent[TICKETS_ROUTE].update({"200": 9, "sold_out": 1})
     anonymous = await api.http.post(
         f"/api/v1/items/{scarce}/orders", headers={"Idempotency-Key": "x"}, json={}
     )
@@ -155,8 +159,10 @@ async def test_counters_equal_what_was_sent(metered: Api) -> None:
 
     assert grew("seckill_rate_limited_total") == 1
     assert grew("seckill_shed_total") == 0
-    # The first sold_out came from the script; the flag answered the two after it.
-    assert grew("seckill_sold_out_flag_hits_total") == 2
+    # The first sold_out came from the script; the flag answered the two after it, and the
+    # late ticket.
+    assert grew("seckill_sold_out_flag_hits_total", request="purchase") == 2
+    assert grew("seckill_sold_out_flag_hits_total", request="ticket") == 1
     # Every script run: 6 holds, 1 sold_out, 4 limit_reached, 1 rate_limited.
     assert grew("seckill_redis_script_duration_seconds_count", script="reserve") == 12
     assert grew("seckill_redis_script_duration_seconds_count", script="load_item") == 2
@@ -166,9 +172,13 @@ async def test_counters_equal_what_was_sent(metered: Api) -> None:
     # most (readers may share one), which is a hit or a miss in Redis.
     reads_before = after
     for _ in range(3):
-        assert (await api.http.get(f"/api/v1/items/{scarce}")).status_code == 200
+        read = await api.http.get(f"/api/v1/items/{scarce}")
+        assert (read.status_code, read.json()["available"]) == (200, 0)
     reads_after = await scrape(api)
     assert outcomes(reads_before, reads_after, "/api/v1/items/{item_id}") == {"200": 3}
+    # Sold out: the flag answered them (the record still comes through the cache).
+    flagged = value(reads_after, "seckill_sold_out_flag_hits_total", request="item")
+    assert flagged - value(reads_before, "seckill_sold_out_flag_hits_total", request="item") == 3
     lookups = {
         (tier, result): value(reads_after, "seckill_item_cache_lookups_total", tier=tier,
                               result=result)

@@ -30,9 +30,11 @@ OrderIdPath = Annotated[OrderId, Path()]
 )
 async def get_item(item_id: ItemId, ctx: Ctx) -> ItemOut:
     """What a buyer sees: name, price, sale window and units left (the item from a cache in
-    front of SQL; the units left read live)."""
+    front of SQL; the units left read live, except that once a purchase in this process heard
+    the item is sold out they show 0 for up to SECKILL_SOLD_OUT_RECHECK_MS, unread)."""
     # GET is served by seckill.api.lean_routes, ahead of the framework; HEAD comes here.
-    return item_out(await item_on_sale(ctx.item_cache, item_id, ledger=ctx.ledger))
+    seen = await item_on_sale(ctx.item_cache, item_id, ledger=ctx.ledger, sold_out=ctx.sold_out)
+    return item_out(seen)
 
 
 def item_out(seen: ItemOnSale) -> ItemOut:

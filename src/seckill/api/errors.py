@@ -33,6 +33,7 @@ from seckill.services.items import UnknownItem
 from seckill.services.orders import ItemRecovering, OrderNotFound
 from seckill.services.purchases import RequestInFlight
 from seckill.services.refunds import RefundNotFound
+from seckill.services.sold_out import SoldOut
 from seckill.services.tickets import GateRefused, SaleClosed
 from seckill.services.waiting_room import NoWaitingRoom
 from seckill.store.database import is_transient
@@ -130,6 +131,8 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(404, Outcome.UNKNOWN_ORDER.value, str(exc))
         case ItemRecovering():
             return refusal(Outcome.ITEM_RECOVERING)
+        case SoldOut():
+            return refusal(Outcome.SOLD_OUT)  # the purchase's own answer, word for word
         case RefundNotFound():
             return ApiError(404, ApiRefusal.UNKNOWN_REFUND, str(exc))
         case RequestInFlight():
@@ -173,7 +176,7 @@ def answer_for(exc: Exception) -> ApiError | None:
 
 # Every exception type answer_for knows (subclasses included), for the framework's handlers.
 ANSWERED: tuple[type[Exception], ...] = (
-    ApiError, InvalidRequest, UnknownItem, OrderNotFound, ItemRecovering, RefundNotFound,
+    ApiError, InvalidRequest, UnknownItem, OrderNotFound, ItemRecovering, SoldOut, RefundNotFound,
     RequestInFlight,
     InvalidToken,
     BadSignature, BadTicket, BadPass, NoWaitingRoom, SaleClosed, GateRefused, RedisConnectionError,

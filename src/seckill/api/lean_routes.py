@@ -5,8 +5,9 @@ FastAPI's machinery (middleware layers, dependency resolution, response models, 
 each of these cost several times its own work, so they are served here as plain code:
 
 * ``GET /api/v1/items/{item_id}``: the item as buyers see it (the cache in front of SQL, the
-  units left read live);
-* ``POST /api/v1/items/{item_id}/tickets``: a purchase ticket for the caller;
+  units left read live, or 0 with no read while this process's sold-out flag stands);
+* ``POST /api/v1/items/{item_id}/tickets``: a purchase ticket for the caller (409 ``sold_out``
+  with no Redis call while the flag stands);
 * ``POST`` and ``GET /api/v1/items/{item_id}/queue``: join the waiting room, and ask where one
   stands (for an item created with one; else 404 ``no_waiting_room``);
 * ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: admission (beyond
@@ -66,7 +67,7 @@ from seckill.api.schemas import BuyIn, LiveOut, ReservationOut
 from seckill.api.tickets import ticket_out
 from seckill.bootstrap.services import Context
 from seckill.domain.orders import OrderStatus
-from seckill.domain.outcomes import ApiRefusal
+from seckill.domain.outcomes import ApiRefusal, Outcome
 from seckill.domain.rules import MAX_ID
 from seckill.domain.times import ms_to_datetime
 from seckill.observability import metrics
@@ -75,6 +76,7 @@ from seckill.security.passes import PASS_HEADER
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role
 from seckill.services.items import item_on_sale
+from seckill.services.sold_out import SoldOut
 
 log = logging.getLogger(__name__)
 
@@ -220,13 +222,18 @@ async def alive(ctx: Context, request: Request) -> Answer:
 
 
 async def read_item(ctx: Context, request: Request) -> Answer:
-    seen = await item_on_sale(ctx.item_cache, request.item_id, ledger=ctx.ledger)
+    seen = await item_on_sale(
+        ctx.item_cache, request.item_id, ledger=ctx.ledger, sold_out=ctx.sold_out
+    )
     return Answer(200, item_out(seen).model_dump_json().encode(), "200", [])
 
 
 async def issue_ticket(ctx: Context, request: Request) -> Answer:
     buyer = _caller(ctx, request.headers, Role.BUYER)
-    text, ticket = await ctx.tickets.issue(request.item_id, buyer=buyer)
+    try:
+        text, ticket = await ctx.tickets.issue(request.item_id, buyer=buyer)
+    except SoldOut:
+        return _REFUSED[Outcome.SOLD_OUT]  # the crowd after the last unit: an answer built once
     return Answer(200, ticket_out(text, ticket).model_dump_json().encode(), "200", [])
 
 

@@ -2,10 +2,11 @@
 
 ``POST /api/v1/items/{id}/tickets`` (buyer token) answers ``{"ticket", "expires_at"}``; the
 buyer sends the ticket in ``Seckill-Ticket`` with each purchase until it expires. Refusals:
-403 ``not_started`` / ``ended`` outside the issuing window, 404 ``unknown_item`` for an item not
-on sale, 429 ``gate_refused`` with ``Retry-After`` when the gate (captcha, waiting room) says
-not yet; on the purchase route, 403 ``invalid_ticket`` for a ticket that is missing, forged,
-expired, or for another buyer or item. See ``seckill.services.tickets`` and
+409 ``sold_out`` (the purchase's own answer) while this process's sold-out flag stands for the
+item, 403 ``not_started`` / ``ended`` outside the issuing window, 404 ``unknown_item`` for an
+item not on sale, 429 ``gate_refused`` with ``Retry-After`` when the gate (captcha, waiting
+room) says not yet; on the purchase route, 403 ``invalid_ticket`` for a ticket that is missing,
+forged, expired, or for another buyer or item. See ``seckill.services.tickets`` and
 ``seckill.security.tickets``; the refusals' answers are in ``seckill.api.errors``.
 """
 
@@ -48,11 +49,17 @@ class TicketOut(BaseModel):
 @router.post(
     TICKET_ROUTE.removeprefix(router.prefix),
     response_model=TicketOut,
-    responses=documented(401, 403, 404, 422, 429, 503),
+    responses=documented(401, 403, 404, 409, 422, 429, 503),
 )
 async def issue_ticket(item_id: ItemId, buyer: BuyerIdentity) -> TicketOut:
     """A short-lived ticket to buy this item, issued from shortly before the sale until its
-    end. 429 ``gate_refused`` (with ``Retry-After``) when the waiting room says not yet."""
+    end. 429 ``gate_refused`` (with ``Retry-After``) when the waiting room says not yet.
+
+    409 ``sold_out`` (the purchase's own answer) while this process knows the item is sold
+    out: a purchase here heard it from Redis less than SECKILL_SOLD_OUT_RECHECK_MS ago. That
+    refusal costs no Redis call and changes nothing; a unit that comes back is offered again
+    once the interval has passed. Otherwise a ticket is issued whatever is left, and the
+    purchase tells whether a unit is."""
     # The schema's entry only: tickets are issued by seckill.api.lean_routes, ahead of the
     # framework, and the schema tests hold its answers to what is declared here.
     raise NotImplementedError("tickets are issued by seckill.api.lean_routes")

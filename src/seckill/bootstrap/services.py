@@ -16,6 +16,7 @@ from seckill.services.item_cache import ItemCache, ItemSource
 from seckill.services.orders import OrderBook
 from seckill.services.purchases import Purchases
 from seckill.services.reconcile.reconciler import Reconciler
+from seckill.services.sold_out import SoldOutFlags
 from seckill.services.tickets import TicketGate, TicketOffice
 from seckill.services.waiting_room import WaitingRoom
 from seckill.store.ledger import Ledger
@@ -28,6 +29,7 @@ class Context:
     runtime: Runtime
     ledger: Ledger  # the request ledger: SQL that does not answer in time is a 503
     purchases: Purchases
+    sold_out: SoldOutFlags  # this process's sold-out flags: purchases, tickets and item reads
     orders: OrderBook
     item_cache: ItemCache
     tokens: TokenCodec
@@ -47,14 +49,14 @@ def build_context(runtime: Runtime, *, ticket_gate: TicketGate | None = None) ->
         open_lead_ms=settings.queue_open_seconds * 1000,
         front_ttl_ms=int(settings.queue_front_seconds * 1000),
     )
+    # One flag per item for the whole process: what a purchase heard from Redis answers the
+    # tickets and item reads that follow it too.
+    sold_out = SoldOutFlags(settings.sold_out_recheck_ms)
     return Context(
         runtime=runtime,
         ledger=runtime.request_ledger,
-        purchases=Purchases(
-            runtime.engine,
-            runtime.order_ids,
-            sold_out_recheck_ms=settings.sold_out_recheck_ms,
-        ),
+        purchases=Purchases(runtime.engine, runtime.order_ids, sold_out=sold_out),
+        sold_out=sold_out,
         orders=OrderBook(engine=runtime.engine, ledger=runtime.request_ledger),
         item_cache=item_cache(runtime, source=runtime.request_ledger),
         tokens=token_codec(settings),
@@ -64,6 +66,7 @@ def build_context(runtime: Runtime, *, ticket_gate: TicketGate | None = None) ->
             codec=TicketCodec(secret),
             gate=ticket_gate,
             waiting_room=waiting_room,
+            sold_out=sold_out,
             ttl_ms=settings.ticket_ttl_seconds * 1000,
             lead_ms=settings.ticket_lead_seconds * 1000,
         ),

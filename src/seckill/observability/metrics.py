@@ -1,10 +1,10 @@
 """Every Prometheus metric of seckill, defined once, here.
 
 Code that counts something imports this module and touches the metric where the thing happens
-(``metrics.SOLD_OUT_FLAG_HITS.inc()``): an in-process increment, never a round trip. The one
-exception are the stream gauges, which ``seckill.engine.streams.refresh_stream_gauges`` reads
-from Redis when ``/metrics`` is scraped. Nothing here reads Redis or imports the engine: the
-metrics are the floor every other module may count on.
+(``metrics.SHED.inc()``): an in-process increment, never a round trip. The one exception are
+the stream gauges, which ``seckill.engine.streams.refresh_stream_gauges`` reads from Redis when
+``/metrics`` is scraped. Nothing here reads Redis or imports the engine: the metrics are the
+floor every other module may count on.
 
 Names follow Prometheus conventions: a ``seckill_`` prefix, ``_total`` on counters, base units
 (``_seconds``). Every label has a bounded set of values: HTTP routes are route templates, never
@@ -176,7 +176,10 @@ ITEM_CACHE_LOOKUPS = Counter(
 )
 SOLD_OUT_FLAG_HITS = Counter(
     "seckill_sold_out_flag_hits_total",
-    "Purchases answered while this process's sold-out flag stood, without running the script.",
+    "Requests answered sold out from this process's sold-out flag, by request: `purchase` "
+    "(no script run, one GET of its idempotency record), `ticket` (refused, no Redis call), "
+    "`item` (a buyer's item read showing 0 left, no read of the counters).",
+    ["request"],
 )
 RATE_LIMITED = Counter(
     "seckill_rate_limited_total",

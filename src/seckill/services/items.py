@@ -11,6 +11,7 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import backlog
 from seckill.services.item_cache import ItemCache
+from seckill.services.sold_out import SoldOutFlags
 from seckill.store.ledger import Ledger
 
 
@@ -150,14 +151,22 @@ class ItemOnSale:
 
 
 async def item_on_sale(
-    cache: ItemCache, item_id: int, *, ledger: Ledger | None = None
+    cache: ItemCache,
+    item_id: int,
+    *,
+    ledger: Ledger | None = None,
+    sold_out: SoldOutFlags | None = None,
 ) -> ItemOnSale:
     """The item through the cache, with ``available`` read live; UnknownItem if SQL has no such
     id. With ``ledger``, an item Redis does not hold whose sale has ended (archived) shows what
-    SQL says was left."""
+    SQL says was left. With ``sold_out`` (a buyer's read), ``available`` is 0 with no read of
+    the counters while this process's sold-out flag stands for the item (as stale as the flag
+    may be: ``seckill.services.sold_out``)."""
     record = await cache.record(item_id)
     if record is None:
         raise UnknownItem(f"no item {item_id}")
+    if sold_out is not None and sold_out.answers(item_id, "item"):
+        return ItemOnSale(record, 0)
     available = await cache.available(item_id)
     if available is None and ledger is not None and record.ends_at <= datetime.now(UTC):
         stock = await ledger.stock(item_id)

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 
 from seckill.domain.holds import Reservation
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
-from seckill.observability import metrics
+from seckill.services.sold_out import SoldOutFlags
 
 log = logging.getLogger(__name__)
-
-MonotonicClock = Callable[[], float]
-"""Seconds from an arbitrary start that never step back (``time.monotonic``)."""
 
 
 class RequestInFlight(Exception):
@@ -30,29 +25,20 @@ class Purchases:
     is decided, repeats get its answer from the script. Across processes there is no window to
     guard: the script itself is atomic, so a concurrent repeat elsewhere simply replays.
 
-    The sold-out flag: once Redis answers ``sold_out`` for an item, this process stops running
-    the reserve script for it for ``sold_out_recheck_ms`` (0: never); the next request after
-    that asks the script again, and a ``sold_out`` answer arms the flag anew. So a stampede on a
-    sold-out item runs the script about once per interval and process, and stock that comes
-    back (a released hold) is offered again within ``sold_out_recheck_ms`` of the release.
-    While the flag stands a request costs one GET of its idempotency record: a repeat of a key
-    that reserved still gets its first answer (invariant 5), every other request ``sold_out``.
+    The sold-out flag (``sold_out``, see ``seckill.services.sold_out``; none: never flagged):
+    a ``sold_out`` answer from the script arms it, and while it stands for an item the script
+    is not run. So a stampede on a sold-out item runs the script about once per interval and
+    process. A request then costs one GET of its idempotency record: a repeat of a key that
+    reserved still gets its first answer (invariant 5), every other request ``sold_out``.
     """
 
     def __init__(
-        self,
-        engine: RedisEngine,
-        order_ids: OrderIds,
-        *,
-        sold_out_recheck_ms: int = 0,
-        clock: MonotonicClock = time.monotonic,
+        self, engine: RedisEngine, order_ids: OrderIds, *, sold_out: SoldOutFlags | None = None
     ) -> None:
         self._engine = engine
         self._order_ids = order_ids
         self._in_flight: set[tuple[int, str, str]] = set()
-        self._recheck_s = sold_out_recheck_ms / 1000
-        self._clock = clock
-        self._sold_out_until: dict[int, float] = {}  # item id -> clock time the flag runs out
+        self._sold_out = sold_out or SoldOutFlags()
 
     async def buy(
         self,
@@ -65,8 +51,7 @@ class Purchases:
     ) -> Reservation:
         """Decide one purchase. ``request_id`` travels with the ``reserved`` event to the order's
         SQL row, so one id follows the purchase through logs, stream and table."""
-        if self._flagged_sold_out(item_id):
-            metrics.SOLD_OUT_FLAG_HITS.inc()
+        if self._sold_out.answers(item_id, "purchase"):
             # A repeat of a key that reserved still gets its first answer (one GET, no script).
             recorded = await self._engine.recorded(
                 item_id, buyer=buyer, quantity=quantity, idempotency_key=idempotency_key
@@ -96,15 +81,6 @@ class Purchases:
             )  # fmt: skip
         # Only sold_out arms the flag (insufficient_stock says units are left). Other answers do
         # not clear it: one may have been decided before the sold_out that armed it.
-        if reservation.outcome is Outcome.SOLD_OUT and self._recheck_s > 0:
-            self._sold_out_until[item_id] = self._clock() + self._recheck_s
+        if reservation.outcome is Outcome.SOLD_OUT:
+            self._sold_out.arm(item_id)
         return reservation
-
-    def _flagged_sold_out(self, item_id: int) -> bool:
-        until = self._sold_out_until.get(item_id)
-        if until is None:
-            return False
-        if self._clock() < until:
-            return True
-        del self._sold_out_until[item_id]  # ran out: this request asks Redis again
-        return False

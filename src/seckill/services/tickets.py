@@ -1,9 +1,15 @@
 """Issuing and checking purchase tickets (the format is in ``seckill.security.tickets``).
 
 A ticket is issued to a buyer for one item from ``lead_ms`` before the sale starts until it
-ends, and lives ``ttl_ms``. Issuing reads the item's window from Redis (one HMGET); checking
-reads nothing at all. Both use this process's clock: the window check here is only a coarse
-gate, since the reserve script decides the real window on Redis's clock.
+ends, and lives ``ttl_ms``. Issuing reads the item's window from Redis (one script, ``terms``);
+checking reads nothing at all. Both use this process's clock: the window check here is only a
+coarse gate, since the reserve script decides the real window on Redis's clock.
+
+Issuing does not read the stock, with one exception: while this process's sold-out flag stands
+for the item (a purchase here heard ``sold_out`` from Redis less than ``sold_out_recheck_ms``
+ago, see ``seckill.services.sold_out``), a ticket is refused ``SoldOut`` before anything else,
+with no Redis call: the crowd that arrives after the last unit costs a dictionary lookup. Else
+a ticket is issued whatever is left, and the purchase says ``sold_out``.
 
 In front of issuance stands a ``TicketGate``: the hook for a captcha, a fraud score. The default
 admits everyone. An item loaded with a waiting room has the room's gate in front of that one:
@@ -26,6 +32,7 @@ from seckill.engine.engine import RedisEngine
 from seckill.security.tickets import Ticket, TicketCodec
 from seckill.services.items import UnknownItem
 from seckill.services.orders import ItemRecovering
+from seckill.services.sold_out import SoldOut, SoldOutFlags
 
 Clock = Callable[[], int]
 """Epoch milliseconds."""
@@ -91,6 +98,7 @@ class TicketOffice:
         codec: TicketCodec,
         gate: TicketGate | None = None,
         waiting_room: TicketGate | None = None,
+        sold_out: SoldOutFlags | None = None,
         ttl_ms: int,
         lead_ms: int,
         clock: Clock = wall_clock_ms,
@@ -101,6 +109,7 @@ class TicketOffice:
         self._codec = codec
         self._gate: TicketGate = gate or AdmitEveryone()
         self._waiting_room = waiting_room
+        self._sold_out = sold_out or SoldOutFlags()
         self._ttl_ms = ttl_ms
         self._lead_ms = lead_ms
         self._clock = clock
@@ -108,12 +117,15 @@ class TicketOffice:
     async def issue(self, item_id: int, *, buyer: str) -> tuple[str, Ticket]:
         """A new ticket (its text, and what it says) for ``buyer`` and ``item_id``.
 
-        Raises ``UnknownItem`` when the item is not loaded in Redis, ``ItemRecovering`` while it
-        is fenced (its Redis restarted or lost writes: no ticket until it is checked),
-        ``SaleClosed`` outside the issuing window, ``GateRefused`` when the gate (or, for an
-        item with a waiting room, the room) says not now. The window is checked before the
-        gates, so a gate only sees buyers who could buy.
+        Raises ``SoldOut`` while this process's sold-out flag stands for the item (checked
+        first, with no Redis call), ``UnknownItem`` when the item is not loaded in Redis,
+        ``ItemRecovering`` while it is fenced (its Redis restarted or lost writes: no ticket
+        until it is checked), ``SaleClosed`` outside the issuing window, ``GateRefused`` when
+        the gate (or, for an item with a waiting room, the room) says not now. The window is
+        checked before the gates, so a gate only sees buyers who could buy.
         """
+        if self._sold_out.answers(item_id, "ticket"):
+            raise SoldOut(f"item {item_id} is sold out")
         item, fenced = await self._engine.terms(item_id)
         if item is None:
             raise UnknownItem(f"item {item_id} is not on sale")
