@@ -1,9 +1,10 @@
 """What the operator's console does over HTTP, beside the CLI and through the same services: an
 item's drift looked at (nothing changed by the look) and repaired (journaled), dead letters
-replayed and dropped; each for an admin only."""
+replayed and dropped, a sale ended early; each for an admin only."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -117,3 +118,42 @@ async def test_unknown_items_and_bad_bodies_are_refused(api: Api) -> None:
             "/api/v1/admin/dead-letters/drop", headers=api.as_admin, json=body
         )
         assert answer.status_code == 422, (body, answer.text)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_a_sale_ended_early(api: Api, shards: int) -> None:
+    item_id = await api.create_item(total=10, stock_shards=shards)
+    held = await api.buy(item_id, "alice", "k1")
+    assert held.status_code == 202, held.text
+    await api.ticket(item_id, "bob")  # taken before the end, refused at the purchase after it
+
+    ended = await admin_post(api, f"/api/v1/admin/items/{item_id}/end")
+    ends_at = datetime.fromisoformat(ended["ends_at"])
+    assert ends_at <= datetime.now(UTC)
+    for buyer in ("bob", "carol"):  # every shard refuses
+        refused = await api.buy(item_id, buyer, f"k-{buyer}")
+        assert refused.status_code == 403 and refused.json()["error"] == "ended", refused.text
+    ticket = await api.issue_ticket(item_id, "dave")
+    assert ticket.status_code == 403 and ticket.json()["error"] == "ended", ticket.text
+    # A hold taken before the end is still paid; nothing else moved.
+    paid = await api.pay(item_id, held.json()["order_id"], "pay-1")
+    assert paid.status_code == 200 and paid.json()["outcome"] == "paid", paid.text
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and (stock.available, stock.held, stock.sold) == (9, 0, 1)
+
+    again = await admin_post(api, f"/api/v1/admin/items/{item_id}/end")
+    assert datetime.fromisoformat(again["ends_at"]) == ends_at  # the first end stands
+    record = await api.runtime.ledger.item(item_id)
+    assert record is not None and record.ends_at == ends_at
+
+
+async def test_only_a_sale_on_may_end(api: Api) -> None:
+    later = await api.create_item(total=1, starts_in=timedelta(hours=1), ends_in=timedelta(hours=2))
+    refused = await api.http.post(f"/api/v1/admin/items/{later}/end", headers=api.as_admin)
+    assert refused.status_code == 409 and refused.json()["error"] == "sale_not_started"
+    record = await api.runtime.ledger.item(later)
+    assert record is not None and record.ends_at > datetime.now(UTC) + timedelta(hours=1)
+    unknown = await api.http.post("/api/v1/admin/items/999999/end", headers=api.as_admin)
+    assert unknown.status_code == 404
+    buyer = await api.http.post(f"/api/v1/admin/items/{later}/end", headers=api.as_buyer("m"))
+    assert buyer.status_code == 403

@@ -36,7 +36,13 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.queues import Queues
 from seckill.services.archive import Archivist, Settlement
-from seckill.services.items import UnknownItem, item_counters, item_on_sale, warm_item
+from seckill.services.items import (
+    UnknownItem,
+    end_sale,
+    item_counters,
+    item_on_sale,
+    warm_item,
+)
 from seckill.services.items import create_item as create_item_service
 from seckill.services.reconcile.records import audit_records
 from seckill.services.waiting_room import queue_report
@@ -87,6 +93,19 @@ async def warm(
         ctx.runtime.engine, ctx.ledger, item_id, force=force, cache=ctx.item_cache
     )
     return WarmOut.model_validate({"item_id": item_id, "outcome": outcome.value})
+
+
+@router.post(
+    "/items/{item_id}/end",
+    response_model=ItemOut,
+    responses=documented(401, 403, 404, 409, 422, 503),
+)
+async def end(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemOut:
+    """End the item's sale now: no ticket or purchase is taken after it, while holds taken
+    before it may still be paid until their deadline. Ending an ended item changes nothing.
+    409 ``sale_not_started`` (the sale has not begun) or ``item_archived``."""
+    await end_sale(ctx.runtime.engine, ctx.ledger, item_id, cache=ctx.item_cache)
+    return item_out(await item_on_sale(ctx.item_cache, item_id))
 
 
 @router.get(

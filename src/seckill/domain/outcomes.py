@@ -90,6 +90,7 @@ class ErrorCode(StrEnum):
     INVALID_ADMISSION = "invalid_admission"
     ITEM_ARCHIVED = "item_archived"
     ITEM_UNSETTLED = "item_unsettled"
+    SALE_NOT_STARTED = "sale_not_started"
     INVALID_GROUP = "invalid_group"
 
 

@@ -91,6 +91,40 @@ async def warm_item(
     return outcome
 
 
+async def end_sale(
+    engine: RedisEngine,
+    ledger: Ledger,
+    item_id: int,
+    *,
+    cache: ItemCache | None = None,
+    now: datetime | None = None,
+) -> None:
+    """End the item's sale at ``now``: the reserve script takes nothing after it, while holds
+    taken before may still be paid until their deadline. SQL is written first and Redis follows
+    (the item reloaded with its holds and sales kept), so ending again finishes an end that
+    stopped halfway. Refused, with nothing changed, for a sale not yet begun or an item archived.
+    With ``cache``, the item's card is rewritten too (other processes' within their TTL; the
+    script decides either way)."""
+    record = await ledger.item(item_id)
+    if record is None:
+        raise UnknownItem(f"item {item_id} is not in the database")
+    now = now or datetime.now(UTC)
+    if record.starts_at >= now:
+        raise InvalidRequest(
+            ErrorCode.SALE_NOT_STARTED,
+            f"item {item_id}'s sale starts at {record.starts_at}: there is no sale to end yet",
+        )
+    if await ledger.archived_at(item_id) is not None:
+        raise InvalidRequest(ErrorCode.ITEM_ARCHIVED, f"item {item_id} is archived: its sale ended")
+    await ledger.end_sale(item_id, now)
+    if await engine.item(item_id) is not None:  # an item never warmed has nothing to end there
+        ended = await ledger.item(item_id)
+        assert ended is not None  # items are never deleted
+        await _load(engine, ledger, ended, force=True)
+    if cache is not None:
+        await cache.refresh(item_id)
+
+
 async def _load(engine: RedisEngine, ledger: Ledger, record: ItemRecord, *, force: bool) -> Outcome:
     """Load an item, unless Redis lost a sale SQL records (held or sold units): loading it would
     put every unit on sale again. That item needs ``seckill recover``, which keeps them."""

@@ -436,6 +436,17 @@
     });
   });
 
+  $("end").addEventListener("click", function () {
+    var itemId = selected;
+    act("End item " + itemId + "'s sale now? No ticket or purchase is taken after it; holds " +
+        "taken before may still be paid until their deadline.", function () {
+      return call("POST", "admin/items/" + itemId + "/end").then(function (answer) {
+        var item = expect(answer, 200);
+        return "Item " + itemId + "'s sale ended at " + when(item.ends_at) + ".";
+      });
+    });
+  });
+
   $("archive").addEventListener("click", function () {
     var itemId = selected;
     act("Archive item " + itemId + ": its keys leave Redis and SQL answers for it?", function () {

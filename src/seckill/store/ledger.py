@@ -233,6 +233,15 @@ class Ledger(RepairQueries, DeadLetterQueries):
                 .values(archived_at=datetime.now(UTC))
             )
 
+    async def end_sale(self, item_id: int, at: datetime) -> None:
+        """End the item's sale at ``at``, unless it ends sooner already or is archived."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(Item)
+                .where(Item.id == item_id, Item.ends_at > at, Item.archived_at.is_(None))
+                .values(ends_at=at)
+            )
+
     async def stock(self, item_id: int) -> Stock | None:
         async with self.engine.connect() as conn:
             return await stock_of(conn, item_id)
