@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	scripts/system-deps --demo
 	$(BIN)/seckill demo
 
 lint: $(STAMP)

@@ -1,23 +1,13 @@
-"""The browser the page tests use: Debian's Chromium (`scripts/system-deps` installs it), never a
-downloaded one. A missing browser fails the test that needs it; CI installs it."""
+"""The browser the page tests use: ``seckill.crowd.browser``'s. A missing browser fails the test
+that needs it; CI installs it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
-# Headless as root on a closed network: without the last four Chromium keeps calling home.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from seckill.crowd.browser import CHROMIUM, CHROMIUM_ARGS
+
+__all__ = ["CHROMIUM_ARGS", "chromium_path"]
 
 
 def chromium_path() -> str:

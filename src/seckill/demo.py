@@ -11,7 +11,9 @@ waiting room of its own (its pace from ``queue_pace``, the deployment's queue se
 crowd buys a second item without one, at the same time, in the same deployment, and both are
 judged. With ``bridge_url`` it runs the bridge
 to that broker too, and a consumer of the broker checks every order event arrived
-(``seckill.crowd.deliveries``).
+(``seckill.crowd.deliveries``). Once every verdict passes, the operator ends the sale and
+archives each item on the console (``seckill.crowd.closing``), a screenshot of it kept beside
+the reports.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from typing import Any, cast
 from rich.console import Console
 
 from seckill.config import Settings
-from seckill.crowd.client import Credentials
+from seckill.crowd.browser import browser_missing
+from seckill.crowd.client import ApiClient, Credentials
+from seckill.crowd.closing import ClosingFailed, archive_on_console
 from seckill.crowd.plan import CrowdPlan, QueuePlan
-from seckill.crowd.rehearsal import Rehearsal, rehearse
+from seckill.crowd.rehearsal import Rehearsal, rehearse, session
 from seckill.redis_cluster import LocalCluster
 
 STARTUP_LIMIT_S = 60
@@ -117,16 +121,47 @@ def run_demo(
                 database_url=settings.effective_database_url, report_dir=report_dir,
                 since_ms=started_ms, prefix=prefix,
             )  # fmt: skip
-            both = asyncio.run(_together(rehearsal, direct))
+            rehearsals = asyncio.run(_together(rehearsal, direct))
             console.print("The item without a waiting room, sold meanwhile:", style="bold")
             console.print(cast(io.StringIO, aside.file).getvalue(), markup=False, end="")
-            passed = all(r.result["passed"] for r in both)
         else:
-            passed = asyncio.run(rehearsal).result["passed"]
+            rehearsals = [asyncio.run(rehearsal)]
+        passed = all(r.result["passed"] for r in rehearsals)
+        if passed:
+            passed = close_on_console(url, credentials, rehearsals, console)
         if not passed:  # what the server said may tell why
             console.print("The server's warnings and errors:", style="bold")
             console.print(server_complaints(settings.data_dir / SERVE_LOG), markup=False)
         return passed
+
+
+def close_on_console(
+    url: str, credentials: Credentials, rehearsals: list[Rehearsal], console: Console
+) -> bool:
+    """The operator's last act (``seckill.crowd.closing``): each item's sale ended and archived
+    on the console, its screenshot beside the first report. True unless an item could not be;
+    skipped, with why, where no browser is."""
+    missing = browser_missing()
+    if missing:
+        console.print(f"The console's last act (archiving on /admin) is skipped: {missing}.")
+        return True
+    item_ids = [r.sale.item_id for r in rehearsals]
+    report = rehearsals[0].html_path
+    screenshot = report.with_name(f"{report.stem}-console.png") if report else Path("console.png")
+
+    async def act() -> None:
+        async with session(4) as http:
+            await archive_on_console(ApiClient(http, url, credentials), item_ids, screenshot)
+
+    with console.status("ending the sale and archiving it on the console"):
+        try:
+            asyncio.run(act())
+        except ClosingFailed as exc:
+            console.print(f"[red]The console's last act failed[/]: {exc}")
+            return False
+    items = ", ".join(map(str, item_ids))
+    console.print(f"Sale ended and item {items} archived on the console: {screenshot}")
+    return True
 
 
 async def _together(*rehearsals: Coroutine[Any, Any, Rehearsal]) -> list[Rehearsal]:

@@ -77,6 +77,10 @@ def test_the_demo_passes_its_verdicts_on_embedded_defaults(tmp_path: Path) -> No
     assert result["plan"]["buyers"] == 500 and result["plan"]["units"] == 20
     assert result["stock"]["sold"][-1] > 0
     assert_page_shows(result, page)
+    # Its last act: the sale ended and the item archived on the console, a screenshot kept.
+    assert f"Sale ended and item {result['item_id']} archived on the console" in done.stdout
+    (screenshot,) = tmp_path.glob("*-console.png")
+    assert screenshot.read_bytes().startswith(b"\x89PNG")
 
 
 def test_the_demo_runs_on_a_local_redis_cluster(tmp_path: Path) -> None:
@@ -164,3 +168,5 @@ def test_two_items_one_with_a_waiting_room_both_pass_the_demos_verdicts(tmp_path
     assert roomed["item_id"] != direct["item_id"]
     assert roomed["waiting_room"]["tickets_before_turn"] == 0
     assert roomed["stock"]["sold"][-1] == direct["stock"]["sold"][-1] == 4
+    both = f"{roomed['item_id']}, {direct['item_id']}"
+    assert f"Sale ended and item {both} archived on the console" in done.stdout

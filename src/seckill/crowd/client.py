@@ -165,6 +165,10 @@ class ApiClient:
         path = f"/api/v1/admin/items/{item_id}/warm"
         return await self.request("POST", path, token=self.credentials.admin())
 
+    async def end_sale(self, item_id: int) -> Reply:
+        path = f"/api/v1/admin/items/{item_id}/end"
+        return await self.request("POST", path, token=self.credentials.admin())
+
     async def counters(self, item_id: int) -> Reply:
         path = f"/api/v1/admin/items/{item_id}"
         return await self.request("GET", path, token=self.credentials.admin())
