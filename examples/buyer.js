@@ -42,7 +42,7 @@ async function buy({ url, token, itemId }) {
   console.error(`item ${itemId}: ${card.name}, ${card.available} left`);
 
   const ticket = await call("POST", `/api/v1/items/${itemId}/tickets`);
-  if (ticket.status !== 200) return ticket.json(); // not started, ended, gate_refused
+  if (ticket.status !== 200) return ticket.json(); // not_started, ended, sold_out, gate_refused
   const { ticket: pass } = await ticket.json();
 
   // One key per purchase the buyer means: a retry with it can never buy twice.

@@ -32,7 +32,7 @@ def buy(http: httpx.Client, item_id: int) -> dict[str, Any]:
 
     ticket = http.post(f"/api/v1/items/{item_id}/tickets")
     if ticket.status_code != 200:
-        return ticket.json()  # {"error": ..., "message": ...}: not started, ended, gate_refused
+        return ticket.json()  # {"error": ..., "message": ...}: not_started, ended, sold_out, ...
 
     # One key per purchase the buyer means: a retry with it can never buy twice.
     key = str(uuid.uuid4())
