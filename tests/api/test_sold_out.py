@@ -38,7 +38,6 @@ sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 
 STAMPEDE = 200
 RECHECK_MS = 300
-MARGIN_S = 0.25  # a request's own round trip, on a slow machine too
 
 
 @contextlib.asynccontextmanager
@@ -156,7 +155,7 @@ async def test_while_flagged_a_repeat_of_a_reservation_still_gets_its_first_answ
 
 @single_redis
 @sqlite_only
-async def test_a_released_unit_is_sold_again_within_the_recheck_interval(
+async def test_a_released_unit_is_sold_again_after_the_flag_runs_out(
     redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> None:
     async with live_api(redis_server, sql_url, tmp_path, sold_out_recheck_ms=RECHECK_MS) as api:
@@ -172,7 +171,6 @@ async def test_a_released_unit_is_sold_again_within_the_recheck_interval(
             headers=api.as_buyer("holder"),
         )
         assert cancel.status_code == 200, cancel.text
-        released_at = time.monotonic()
 
         answers: list[tuple[float, int]] = []  # (answered at, status)
         for n in range(1_000):
@@ -182,9 +180,8 @@ async def test_a_released_unit_is_sold_again_within_the_recheck_interval(
                 break
             assert answer.json()["error"] == "sold_out", answer.text
             await asyncio.sleep(0.01)
-        sold_at = time.monotonic()
+        # Sold again once the flag ran out (by when exactly: the moved clock's tests below).
         assert answers[-1][1] == 202, "the released unit was never sold again"
-        assert sold_at - released_at <= RECHECK_MS / 1000 + MARGIN_S
         # The flag did answer in between (stale, as it may be): a request answered before it
         # could have run out was refused, though the unit was back.
         stale = [status for at, status in answers if at < asked_at + RECHECK_MS / 1000]
