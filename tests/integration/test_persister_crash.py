@@ -44,8 +44,10 @@ PERSISTER = [
 ]  # fmt: skip
 LIVE = 2  # persisters running at any time
 KILLS = 6  # each replacement takes seconds to start: twice as many only doubled the time
-UNITS = 3_000  # sells out during the load: the ledger then works with counters near zero
-MIN_RESERVATIONS = 4_000  # the load goes on at least this long, and until the last kill
+# The six kills take about 5 s, as long as some 1,500 reservations: the load lasts that long
+# whatever its floor, and a longer one only added seconds after the last kill.
+UNITS = 800  # sells out near the middle of the load: the ledger then works with counters near zero
+MIN_RESERVATIONS = 1_500  # the load goes on at least this long, and until the last kill
 MAX_RESERVATIONS = 60_000  # a load that outlasts this means the kills never found work in flight
 CHUNK = 10  # reservations sent at once, between short pauses
 WORKER_ID = 917  # order ids of this module's load; no other test issues ids with it
