@@ -36,13 +36,44 @@ from seckill.store.ledger import Ledger
 from seckill.store.tables import Payment
 from seckill.workers.archiver import Archiver
 from seckill.workers.persister import Persister, PersisterConfig
+from tests.conftest import ManualClock
 
 # Every variant for what depends on the server (the script, the streams, the slots); Redis 7
 # alone for what is the same logic on each.
 EVERY_REDIS = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 pytestmark = pytest.mark.redis_variants("redis7")
 
-SALE_S = 1.5  # each test's sale ends this long after it was created
+# A test's sale is over by the wall clock, which the archivist reads (SQL's window against
+# datetime.now), from its creation on: its engine decides on a clock of the test's own, BEHIND
+# the wall clock, inside the window while buyers buy and pay, and end_sale() moves that clock
+# past the end. So no test waits for a sale to end, but the two that watch one end in real time
+# (archiving refused while it is on sale, then for what it left), on Redis's clock.
+SALE_S = 1.5  # each test's sale ends this long after it was created, on its engine's clock
+BEHIND = timedelta(hours=1)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """The engine's clock: BEHIND the wall clock until a test moves it."""
+    return ManualClock(int((datetime.now(UTC) - BEHIND).timestamp() * 1000))
+
+
+@pytest.fixture
+def engine(timed_engine: RedisEngine) -> RedisEngine:
+    """The tests' engine, on ``clock``."""
+    return timed_engine
+
+
+@pytest.fixture
+def real_time_engine(redis: RedisClient, scripts: Scripts) -> RedisEngine:
+    """An engine on Redis TIME, as in production, for a sale that ends in real time."""
+    return RedisEngine(redis, scripts=scripts, idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX)
+
+
+def engine_now(engine: RedisEngine) -> datetime:
+    """Now on the engine's clock (the wall clock's, for an engine on Redis TIME)."""
+    now_ms = engine.now_arg()
+    return datetime.fromtimestamp(int(now_ms) / 1000, UTC) if now_ms else datetime.now(UTC)
 
 
 async def new_sale(
@@ -54,7 +85,7 @@ async def new_sale(
     shards: int = 1,
     lasts_s: float = SALE_S,
 ) -> int:
-    now = datetime.now(UTC)
+    now = engine_now(engine)
     item_id = await ledger.create_item(
         NewItem(
             name="Archived item", price_cents=500, total=total,
@@ -88,10 +119,18 @@ async def sell_paid(engine: RedisEngine, item_id: int, orders: int) -> None:
 
 
 async def until_ended(ledger: Ledger, item_id: int) -> None:
+    """Wait for the item's sale to end (on an engine on Redis TIME)."""
     record = await ledger.item(item_id)
     assert record is not None
     wait = (record.ends_at - datetime.now(UTC)).total_seconds()
     await asyncio.sleep(max(wait, 0) + 0.05)
+
+
+async def end_sale(clock: ManualClock, ledger: Ledger, item_id: int) -> None:
+    """The item's sale ends on the engine's clock (by the wall clock it has already)."""
+    record = await ledger.item(item_id)
+    assert record is not None and record.ends_at < datetime.now(UTC)
+    clock.now_ms = max(clock.now_ms, int(record.ends_at.timestamp() * 1000) + 50)
 
 
 async def land(redis: RedisClient, ledger: Ledger) -> None:
@@ -118,7 +157,9 @@ def archivist(engine: RedisEngine, ledger: Ledger) -> Archivist:
     return Archivist(engine=engine, ledger=ledger, grace=timedelta(0))
 
 
-async def settled_sale(redis: RedisClient, engine: RedisEngine, ledger: Ledger) -> int:
+async def settled_sale(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
+) -> int:
     """A sale run to its end: three orders paid, two released by the buyers, all landed."""
     item_id = await new_sale(engine, ledger)
     for n in range(1, 6):
@@ -127,16 +168,16 @@ async def settled_sale(redis: RedisClient, engine: RedisEngine, ledger: Ledger) 
         await pay(engine, item_id, item_id * 100 + n)
     for n in (4, 5):
         await engine.release(item_id, item_id * 100 + n, ReleaseReason.CANCELLED)
-    await until_ended(ledger, item_id)
+    await end_sale(clock, ledger, item_id)
     await land(redis, ledger)
     return item_id
 
 
 @EVERY_REDIS
 async def test_a_settled_sale_leaves_redis_and_sql_answers_for_it(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     # Idempotency records (and rate windows) are swept with it, though they would expire.
     assert any(":idem:" in k for k in await keys_of(redis, item_id))
     archive = archivist(engine, ledger)
@@ -176,9 +217,9 @@ async def test_a_settled_sale_leaves_redis_and_sql_answers_for_it(
 
 
 async def test_a_late_payment_after_archiving_is_a_refund_and_moves_no_stock(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     assert (await archivist(engine, ledger).archive(item_id)).removed
     orders = OrderBook(engine=engine, ledger=ledger)
     before = await ledger.stock(item_id)
@@ -223,8 +264,9 @@ async def assert_live_and_whole(
 
 
 async def test_archiving_is_refused_while_a_hold_is_held(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, real_time_engine: RedisEngine, ledger: Ledger
 ) -> None:
+    engine = real_time_engine
     item_id = await new_sale(engine, ledger, hold_seconds=600)
     await buy(engine, item_id, "slow-payer", order_id=item_id * 100 + 1)
     archive = archivist(engine, ledger)
@@ -247,13 +289,13 @@ async def test_archiving_is_refused_while_a_hold_is_held(
 
 
 async def test_archiving_is_refused_while_the_stream_has_a_backlog(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
     item_id = await new_sale(engine, ledger)
     await land(redis, ledger)  # the persister's group exists, and is behind from here on
     await buy(engine, item_id, "buyer", order_id=item_id * 100 + 1)
     await pay(engine, item_id, item_id * 100 + 1)
-    await until_ended(ledger, item_id)
+    await end_sale(clock, ledger, item_id)
     keys = await keys_of(redis, item_id)
 
     refused = await archivist(engine, ledger).archive(item_id)
@@ -266,9 +308,9 @@ async def test_archiving_is_refused_while_the_stream_has_a_backlog(
 
 
 async def test_archiving_is_refused_with_a_dead_letter_not_replayed(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     stream = engine.keys(item_id).events
     await ledger.add_dead_letter(
         stream=stream, entry_id="1-1", payload={"event": "nonsense"}, error="bad", deliveries=5
@@ -285,9 +327,9 @@ async def test_archiving_is_refused_with_a_dead_letter_not_replayed(
 
 
 async def test_archiving_waits_for_a_bridge_letter_and_names_the_command(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     keys = engine.keys(item_id)
     letter = dead_letter_fields(
         {"event": "paid"}, entry_id="1-1", group="bridge-nats", error="full", deliveries=5
@@ -305,11 +347,11 @@ async def test_archiving_waits_for_a_bridge_letter_and_names_the_command(
 
 @EVERY_REDIS
 async def test_a_late_payment_answered_by_redis_mid_archiving_is_kept(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
     """The notice comes between the commit in SQL and the removal: the shard's removal waits
     for its event to land, and its answer is kept in SQL for the provider's retries."""
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     remains = await engine.shard_remains(item_id)
     await ledger.mark_archived(item_id, [])
     late = await engine.settle_payment(
@@ -335,7 +377,7 @@ async def test_a_late_payment_answered_by_redis_mid_archiving_is_kept(
 
 @EVERY_REDIS
 async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
     """What a hostile or buggy provider sends: one payment id for two orders on two shards at
     once, a second charge for a paid order, two for a released one, the same payment id on
@@ -382,7 +424,7 @@ async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
         (*keys.all_fixed(), keys.payments),
         (item_id, orders["F"], "P6", "succeeded", 1),
     )
-    await until_ended(ledger, item_id)
+    await end_sale(clock, ledger, item_id)
     await land(redis, ledger)
     for item in (item_id, other):
         done = await archivist(engine, ledger).archive(item)
@@ -415,12 +457,12 @@ async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
 
 
 async def test_notices_for_an_archived_item_are_settled_in_sql(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
     """After archiving, SQL settles what Redis would: a second charge for a paid order and
     each charge for a released one are refunds owed; one payment id sent for two orders at
     once pays one."""
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     assert (await archivist(engine, ledger).archive(item_id)).removed
     book = OrderBook(engine=engine, ledger=ledger)
     paid, cancelled, also_cancelled = item_id * 100 + 1, item_id * 100 + 4, item_id * 100 + 5
@@ -453,11 +495,11 @@ async def test_notices_for_an_archived_item_are_settled_in_sql(
 
 @EVERY_REDIS
 async def test_an_item_with_stock_shards_archives_every_shard(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
     item_id = await new_sale(engine, ledger, total=12, shards=3)
     await sell_paid(engine, item_id, 8)
-    await until_ended(ledger, item_id)
+    await end_sale(clock, ledger, item_id)
     await land(redis, ledger)
     assert len({k.split("}")[0] for k in await keys_of(redis, item_id)}) == 3  # three slots
 
@@ -469,8 +511,9 @@ async def test_an_item_with_stock_shards_archives_every_shard(
 
 
 async def test_stages_through_an_items_life(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, real_time_engine: RedisEngine, ledger: Ledger
 ) -> None:
+    engine = real_time_engine
     now = datetime.now(UTC)
     later = await ledger.create_item(
         NewItem(
@@ -500,7 +543,7 @@ async def test_stages_through_an_items_life(
 @pytest.mark.redis_variants("redis7")
 async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
     redis_server: RedisServer, sql_url: str, redis: RedisClient, engine: RedisEngine,
-    ledger: Ledger,
+    ledger: Ledger, clock: ManualClock,
 ) -> None:  # fmt: skip
     """Processes archiving 16 settled items are killed at random moments, 6 times: each item is
     then either live with every key it had, or archived (SQL answers for it; its keys, if any
@@ -508,7 +551,7 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
     items = [await new_sale(engine, ledger) for _ in range(16)]
     for item_id in items:
         await sell_paid(engine, item_id, 4)
-    await until_ended(ledger, items[-1])
+    await end_sale(clock, ledger, items[-1])
     await land(redis, ledger)
     whole = {item_id: await keys_of(redis, item_id) for item_id in items}
     draw = random.Random(21)
@@ -542,7 +585,7 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
 
 @EVERY_REDIS
 async def test_a_running_persister_lets_an_archived_stream_go(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
     """A persister that followed the item's stream before it was archived goes on landing the
     other items' entries, and never brings the archived stream back."""
@@ -553,7 +596,7 @@ async def test_a_running_persister_lets_an_archived_stream_go(
         config=PersisterConfig(block_ms=1000),
         prefix=DEFAULT_PREFIX,
     )
-    item_id = await settled_sale(redis, engine, ledger)
+    item_id = await settled_sale(redis, engine, ledger, clock)
     other = await new_sale(engine, ledger, lasts_s=60)
     for _ in range(3):
         await persister.run_once()
@@ -573,15 +616,15 @@ async def test_a_running_persister_lets_an_archived_stream_go(
 
 
 async def test_the_archiver_archives_what_is_settled_and_finishes_what_a_crash_left(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
 ) -> None:
-    settled = await settled_sale(redis, engine, ledger)
-    half = await settled_sale(redis, engine, ledger)
+    settled = await settled_sale(redis, engine, ledger, clock)
+    half = await settled_sale(redis, engine, ledger, clock)
     await ledger.mark_archived(half, [])  # a process died right after the commit in SQL
     held = await new_sale(engine, ledger, hold_seconds=600)
     await buy(engine, held, "slow-payer", order_id=held * 100 + 1)
-    on_sale = await new_sale(engine, ledger, lasts_s=600)
-    await until_ended(ledger, held)
+    on_sale = await new_sale(engine, ledger, lasts_s=3 * 3600)  # on sale by the wall clock too
+    await end_sale(clock, ledger, held)
     await land(redis, ledger)
     archiver = Archiver(archivist=archivist(engine, ledger))
 
@@ -603,13 +646,13 @@ async def test_the_archiver_archives_what_is_settled_and_finishes_what_a_crash_l
 
 @pytest.mark.redis_variants("redis7", "cluster")
 async def test_a_sharded_item_left_half_removed_is_finished_by_a_fresh_process(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger, scripts: Scripts
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, scripts: Scripts, clock: ManualClock
 ) -> None:
     """Its head (shard 0, where Redis keeps the shard count) went, the other shards did not:
     a process that never saw the item takes the count from SQL and removes them all."""
     item_id = await new_sale(engine, ledger, total=12, shards=3)
     await sell_paid(engine, item_id, 6)
-    await until_ended(ledger, item_id)
+    await end_sale(clock, ledger, item_id)
     await land(redis, ledger)
     await ledger.mark_archived(item_id, [])
     assert await engine.archive_shard(item_id, 0, await engine.shard_remains(item_id)) is None
