@@ -158,9 +158,10 @@ def archivist(engine: RedisEngine, ledger: Ledger) -> Archivist:
 
 
 async def settled_sale(
-    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock | None = None
 ) -> int:
-    """A sale run to its end: three orders paid, two released by the buyers, all landed."""
+    """A sale run to its end: three orders paid, two released by the buyers, all landed.
+    Ended by moving ``clock``, the engine's; without one (an engine on Redis TIME) by waiting."""
     item_id = await new_sale(engine, ledger)
     for n in range(1, 6):
         await buy(engine, item_id, f"buyer-{n}", order_id=item_id * 100 + n)
@@ -168,7 +169,10 @@ async def settled_sale(
         await pay(engine, item_id, item_id * 100 + n)
     for n in (4, 5):
         await engine.release(item_id, item_id * 100 + n, ReleaseReason.CANCELLED)
-    await end_sale(clock, ledger, item_id)
+    if clock is None:
+        await until_ended(ledger, item_id)
+    else:
+        await end_sale(clock, ledger, item_id)
     await land(redis, ledger)
     return item_id
 
