@@ -33,6 +33,7 @@ from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import new_item, pay, redis7_binary
 from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_recovery import connected, copy_aof, restore_aof
+from tests.polling import wait_until
 
 ids = OrderIds(321)
 
@@ -46,6 +47,21 @@ async def reserve(engine: RedisEngine, item_id: int, buyer: str, key: str = "k")
         item_id, buyer=buyer, quantity=1, idempotency_key=key, order_id=ids.next()
     )
     return answer.outcome
+
+
+async def rewrite_aof(redis: Redis) -> None:
+    """BGREWRITEAOF, waited for: the rewritten AOF holds every write so far, written and
+    fsynced (what everysec would have flushed within a second; no write follows it)."""
+    done = int((await redis.info("persistence"))["aof_rewrites"])
+    await redis.execute_command("BGREWRITEAOF")
+
+    async def rewritten() -> bool:
+        info = await redis.info("persistence")
+        return int(info["aof_rewrites"]) > done and not (
+            int(info["aof_rewrite_in_progress"]) or int(info["aof_rewrite_scheduled"])
+        )
+
+    await wait_until(rewritten, 30, "the AOF rewritten")
 
 
 async def assert_sound(engine: RedisEngine, ledger: Ledger, item_id: int) -> None:
@@ -68,8 +84,7 @@ async def test_a_restarted_redis_fences_every_write_until_checked(
             assert paid and held and other
             await pay(engine, item_id, paid, "pay-1")
             await drain(sale)
-            await redis.execute_command("BGREWRITEAOF")
-            await asyncio.sleep(1.2)  # everysec: the AOF has it all
+            await rewrite_aof(redis)
         server.kill()
         server.start()
 
@@ -124,8 +139,7 @@ async def test_an_older_aof_under_a_stampede_never_sells_a_unit_twice(
             sale = Sale(engine, ledger, redis, item_id, ids)
             await crowd(engine, item_id, range(0, 80), told, rng)
             await drain(sale)
-            await redis.execute_command("BGREWRITEAOF")
-            await asyncio.sleep(1.2)
+            await rewrite_aof(redis)
         server.kill()
         copy_aof(data_dir, tmp_path / "older")  # the AOF 80 buyers in
         server.start()
@@ -197,8 +211,7 @@ async def test_events_sql_landed_that_the_stream_lost_go_back_under_their_own_id
             sale = Sale(engine, ledger, redis, item_id, ids)
             assert await sale.buy("alice") and await sale.buy("bob")
             await land(sale)
-            await redis.execute_command("BGREWRITEAOF")
-            await asyncio.sleep(1.2)
+            await rewrite_aof(redis)
         server.kill()
         copy_aof(data_dir, tmp_path / "older")
         server.start()
