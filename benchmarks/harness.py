@@ -318,15 +318,27 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        children = [
+    except OSError:
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(cpu_seconds(child) for child in child_pids(pid))
+
+
+def child_pids(pid: int) -> list[int]:
+    """A live process's children (of every thread), from Linux /proc; [] if it is gone."""
+    try:
+        return [
             int(child)
             for task in Path(f"/proc/{pid}/task").iterdir()
             for child in (task / "children").read_text().split()
         ]
     except OSError:
-        return 0.0
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return own + sum(cpu_seconds(child) for child in children)
+        return []
+
+
+def process_tree(pid: int) -> list[int]:
+    """A process and its live descendants."""
+    return [pid, *(found for child in child_pids(pid) for found in process_tree(child))]
 
 
 def _waited_children_cpu() -> float:

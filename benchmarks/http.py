@@ -44,12 +44,16 @@ latencies at the generator. The headline, ``vs_bare_hello``, is each route's req
 bare server's: the routes are served ahead of the framework, so the server alone is their floor
 (``vs_fastapi_hello`` divides by the FastAPI hello instead). ``journey_buyers_per_s`` is a
 buyer's ticket and purchase one after the other at the rates measured. ``api_cpu_us`` is the
-API process's CPU per answer, ``redis_cpu_us_per_purchase`` redis-server's per purchase (the
-persister's stream reads and acknowledgements included). The product's roadmap targets, against
-the bare hello: a refusal and an item read 0.5, a ticket 0.25, a purchase 0.2, and a purchase
-p99 <= 25 ms at 64 connections: targets to judge the work by, not assertions; nothing here
-fails on a timing. After the runs the persister's drain is timed as part of the audit
-(``drained_after_s``): during a spike the stream is the buffer.
+API process's CPU per answer and ``api_cpu_vs_bare`` the same over the bare hello's (the
+server's floor per answer), ``redis_cpu_us_per_purchase`` redis-server's per purchase (the
+persister's stream reads and acknowledgements included), ``persister_vs_api_cpu_per_purchase``
+the persister's CPU per order over the API's per purchase. The product's roadmap targets,
+against the bare hello: req/s of a refusal and an item read 0.5, a ticket 0.25, a purchase 0.2;
+CPU per answer of an item read 1.5x, a refusal 1.7x, a ticket and a purchase 3x; a purchase p99
+<= 25 ms at 64 connections; the persister at most half the API's CPU per purchase: targets to
+judge the work by, not assertions; nothing here fails on a timing. After the runs the
+persister's drain is timed as part of the audit (``drained_after_s``): during a spike the
+stream is the buffer.
 
 Every request is a new buyer, so the API never rate-limits or sheds honest traffic here: the
 per-buyer rate limit (5 per second) and the admission limit (512 in flight, against at most
@@ -99,6 +103,7 @@ from benchmarks.harness import (
     fetch_tickets,
     free_port,
     make_crowd,
+    process_tree,
     running,
     seckill_command,
     seckill_settings,
@@ -184,6 +189,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--profile",
         type=Path,
         help="write a py-spy profile of the server (collapsed stacks) per timed target here",
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="with --profile: native frames too (py-spy --native)"
+    )
+    parser.add_argument(
+        "--perf",
+        type=Path,
+        help="write a perf record of the server (kernel and native code too) per target here",
     )
     parser.add_argument("--serve-hello", choices=("fastapi", "raw"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -524,6 +537,23 @@ def timed(
     return load
 
 
+@contextlib.contextmanager
+def perf_recorded(name: str, pid: int, directory: Path) -> Iterator[None]:
+    """``perf record`` of the CPU the server's processes spend (kernel, native code and the
+    interpreter alike) over the block: ``<directory>/<name>.data``, for ``perf report``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"{name.replace(' ', '-')}.data"
+    pids = ",".join(map(str, process_tree(pid)))
+    argv = ["perf", "record", "-F", "999", "-g", "-p", pids, "-o", str(out)]
+    with (directory / "perf.log").open("a") as log:
+        perf = subprocess.Popen(argv, stdout=log, stderr=log)
+    try:
+        yield
+    finally:
+        perf.send_signal(signal.SIGINT)
+        perf.wait(timeout=60)
+
+
 def py_spy() -> Path | None:
     """py-spy, on the PATH or beside this Python (installed in its virtualenv)."""
     found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
@@ -532,15 +562,24 @@ def py_spy() -> Path | None:
 
 @contextlib.contextmanager
 def profiled(name: str, pid: int | None, args: argparse.Namespace) -> Iterator[None]:
-    """py-spy sampling the server (with its worker processes) over the block, if asked."""
+    """py-spy (``--profile``) or perf (``--perf``) sampling the server, with its worker
+    processes, over the block, if asked."""
+    if pid is not None and args.perf is not None:
+        with perf_recorded(name, pid, args.perf):
+            yield
+        return
     if args.profile is None or pid is None:
         yield
         return
     args.profile.mkdir(parents=True, exist_ok=True)
     out = args.profile / f"{name.replace(' ', '-')}.txt"
     argv = [str(py_spy()), "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
-    argv += ["--rate", "250", "--nonblocking", "--output", str(out)]
-    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv += ["--rate", "250", "--output", str(out)]
+    # C and Rust frames too (the server's own, uvloop, hiredis) need each sample taken with the
+    # process paused; Python frames alone are read while it runs.
+    argv.append("--native" if args.native else "--nonblocking")
+    with (args.profile / "py-spy.log").open("a") as log:
+        spy = subprocess.Popen(argv, stdout=log, stderr=log)
     try:
         yield
     finally:
@@ -776,7 +815,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         rate = loads[load].per_second
         return round(loads[load].cpu.get(process, 0.0) / rate * 1e6, 1) if rate else 0.0
 
+    def cpu_ratio(load: str) -> float:
+        bare = us_per_request("hello raw", "server")
+        return round(us_per_request(load, "server") / bare, 2) if bare else 0.0
+
     ticket, purchase = loads["ticket"].per_second, loads["purchase"].per_second
+    api_per_purchase = us_per_request("purchase", "server")
+    persister_per_purchase = us_per_request("purchase", "persister")
     journey = 1 / (1 / ticket + 1 / purchase) if ticket and purchase else 0.0
     products = ("item", "ticket", "purchase", "soldout")
     summary = {
@@ -791,8 +836,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         # CPU of the API process per answer; of redis-server per purchase (with the
         # persister's reads and acknowledgements of the stream, which run meanwhile).
         "api_cpu_us": {name: us_per_request(name, "server") for name in loads},
+        # The same over the bare hello's: what a route costs the server beyond its floor.
+        "api_cpu_vs_bare": {name: cpu_ratio(name) for name in products},
         "redis_cpu_us_per_purchase": us_per_request("purchase", "redis"),
-        "persister_cpu_us_per_purchase": us_per_request("purchase", "persister"),
+        "persister_cpu_us_per_purchase": persister_per_purchase,
+        "persister_vs_api_cpu_per_purchase": (
+            round(persister_per_purchase / api_per_purchase, 2) if api_per_purchase else 0.0
+        ),
         # Against the FastAPI hello: what the product costs over the framework it is built on.
         "vs_fastapi_hello": {name: ratio(name, "hello") for name in products},
         "server": args.server,
