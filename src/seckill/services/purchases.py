@@ -73,8 +73,9 @@ class Purchases:
         finally:
             self._in_flight.discard(request)
         if reservation.outcome is Outcome.RESERVED and not reservation.replayed:
-            # Only holds are logged: they are bounded by the stock, refusals by nothing.
-            log.info(
+            # At DEBUG: a line costs 11 us, near a tenth of a purchase's CPU in the server. The
+            # request id still joins the order's landing line and its SQL row (the persister's).
+            log.debug(
                 "order %d reserved: item %d, quantity %d, buyer %s",
                 reservation.order_id, item_id, quantity, buyer,
                 extra={"item_id": item_id, "order_id": reservation.order_id, "buyer": buyer},
