@@ -17,9 +17,14 @@ from seckill.engine.scripts import (
     ScriptName,
 )
 
-# Validated by Python alone: whether an item is archived, or settled, is SQL's to say; which
-# consumer groups follow the streams is no script's business.
-PYTHON_ONLY_ERRORS = {ErrorCode.ITEM_ARCHIVED, ErrorCode.ITEM_UNSETTLED, ErrorCode.INVALID_GROUP}
+# Validated by Python alone: whether an item is archived, or settled, or its sale begun (before
+# ending it), is SQL's to say; which consumer groups follow the streams is no script's business.
+PYTHON_ONLY_ERRORS = {
+    ErrorCode.ITEM_ARCHIVED,
+    ErrorCode.ITEM_UNSETTLED,
+    ErrorCode.INVALID_GROUP,
+    ErrorCode.SALE_NOT_STARTED,
+}
 
 
 def _header(name: str) -> str:

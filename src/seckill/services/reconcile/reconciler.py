@@ -239,14 +239,7 @@ class Reconciler:
         for item_id in await self._engine.fenced_items(item_ids):
             compared = await self.compare(item_id)
             lost = [f for f in compared.findings if f.kind in REDIS_LOST]
-            report = ItemReport(
-                item_id=item_id,
-                position=compared.snapshots[0].last_event_id if compared.snapshots else "",
-                redis_stock=compared.redis_stock,
-                sql_stock=compared.book.stock,
-                found=compared.findings,
-                left=compared.findings,
-            )
+            report = _report(item_id, compared)
             if lost:
                 try:
                     repairs = await self._repair(item_id, lost, compared.book)
