@@ -2,7 +2,8 @@
 
 The crowd's HTML report and the operator dashboard each are one file with uPlot (vendored in
 ``static/vendor``) and their own script inside, so they open with no network at all; the pages
-the API serves (the dashboard, the buyers' waiting page) are sent with ``PAGE_HEADERS``.
+the API serves (the dashboard, the console, the buyers' waiting page) share ``page.js`` and are
+sent with ``PAGE_HEADERS``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ def inline(source: str, tag: str) -> str:
     if f"</{tag}" in source.lower():
         raise ValueError(f"cannot inline a source that contains </{tag}")
     return source
+
+
+def page_fields() -> dict[str, str]:
+    """The helpers every served page shares (``page.js``), for its template's ``$page_js``."""
+    return {"page_js": inline(static_text("page.js"), "script")}
 
 
 def uplot_fields() -> dict[str, str]:

@@ -12,7 +12,7 @@ from string import Template
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from seckill.pages import PAGE_HEADERS, inline, static_text
+from seckill.pages import PAGE_HEADERS, inline, page_fields, static_text
 
 router = APIRouter()
 
@@ -26,5 +26,5 @@ async def console_page() -> HTMLResponse:
 def render_page() -> str:
     """The page, with its script inlined."""
     return Template(static_text("console.html")).substitute(
-        console_js=inline(static_text("console.js"), "script")
+        **page_fields(), console_js=inline(static_text("console.js"), "script")
     )

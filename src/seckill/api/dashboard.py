@@ -25,7 +25,7 @@ from seckill.api.errors import documented
 from seckill.api.schemas import Counters
 from seckill.bootstrap.services import Context
 from seckill.domain.rules import MAX_ID
-from seckill.pages import PAGE_HEADERS, inline, static_text, uplot_fields
+from seckill.pages import PAGE_HEADERS, inline, page_fields, static_text, uplot_fields
 from seckill.services.dashboard import MAX_ITEMS, DashboardSnapshot, take_snapshot
 
 router = APIRouter()
@@ -130,8 +130,9 @@ async def dashboard_page() -> HTMLResponse:
 def render_page() -> str:
     """The page, with its script and uPlot inlined."""
     return Template(static_text("dashboard.html")).substitute(
-        **uplot_fields(), dashboard_js=inline(static_text("dashboard.js"), "script")
-    )
+        **page_fields(), **uplot_fields(),
+        dashboard_js=inline(static_text("dashboard.js"), "script"),
+    )  # fmt: skip
 
 
 def _out(snapshot: DashboardSnapshot) -> DashboardOut:

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 from seckill.api.paths import ItemId
-from seckill.pages import PAGE_HEADERS, inline, static_text
+from seckill.pages import PAGE_HEADERS, inline, page_fields, static_text
 
 router = APIRouter()
 
@@ -27,5 +27,5 @@ async def waiting_page(item_id: ItemId) -> HTMLResponse:
 def render_page() -> str:
     """The page, with its script inlined."""
     return Template(static_text("wait.html")).substitute(
-        wait_js=inline(static_text("wait.js"), "script")
+        **page_fields(), wait_js=inline(static_text("wait.js"), "script")
     )

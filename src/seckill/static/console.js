@@ -19,18 +19,7 @@
   var selected = null;  // the item id in the item panel
   var chosenLetters = {};  // dead letter id -> true, kept across refreshes
 
-  function $(id) { return document.getElementById(id); }
-
-  function setText(el, value) {
-    var text = value == null ? "-" : String(value);
-    if (el.textContent !== text) { el.textContent = text; }
-  }
-
-  function status(message, state) {
-    var el = $("status");
-    el.textContent = message || "";
-    el.dataset.state = state || "";
-  }
+  var $ = seckillPage.$, setText = seckillPage.setText, status = seckillPage.status;
 
   function element(tag, text, className) {
     var el = document.createElement(tag);
@@ -103,11 +92,8 @@
   // -- the token -------------------------------------------------------------------------------
 
   function tokenFromFragment() {
-    var match = /(?:^|&)token=([^&]+)/.exec(location.hash.slice(1));
-    if (!match) { return; }
-    sessionStorage.setItem(STORE_KEY, decodeURIComponent(match[1]));
-    // Out of the address bar, the history and any bookmark.
-    history.replaceState(null, "", location.pathname + location.search);
+    var taken = seckillPage.fragmentToken();
+    if (taken) { sessionStorage.setItem(STORE_KEY, taken); }
   }
 
   function open(newToken) {

@@ -25,18 +25,7 @@
   var previous = null;  // the last request counters seen, to turn them into rates
   var purchases = { rows: [], outcomes: [], plot: null };
 
-  function $(id) { return document.getElementById(id); }
-
-  function setText(el, value) {
-    var text = value == null ? "-" : String(value);
-    if (el.textContent !== text) { el.textContent = text; }
-  }
-
-  function status(message, state) {
-    var el = $("status");
-    el.textContent = message || "";
-    el.dataset.state = state || "";
-  }
+  var $ = seckillPage.$, setText = seckillPage.setText, status = seckillPage.status;
 
   function clock(date) { return date.toLocaleTimeString(undefined, { hour12: false }); }
 
@@ -50,11 +39,8 @@
   // -- the token -------------------------------------------------------------------------------
 
   function tokenFromFragment() {
-    var match = /(?:^|&)token=([^&]+)/.exec(location.hash.slice(1));
-    if (!match) { return; }
-    sessionStorage.setItem(STORE_KEY, decodeURIComponent(match[1]));
-    // Out of the address bar, the history and any bookmark.
-    history.replaceState(null, "", location.pathname + location.search);
+    var taken = seckillPage.fragmentToken();
+    if (taken) { sessionStorage.setItem(STORE_KEY, taken); }
   }
 
   function watch(newToken) {

@@ -30,18 +30,7 @@
   var failures = 0;  // polls failed in a row, for the backoff
   var buying = false;
 
-  function $(id) { return document.getElementById(id); }
-
-  function setText(el, value) {
-    var text = value == null ? "-" : String(value);
-    if (el.textContent !== text) { el.textContent = text; }
-  }
-
-  function status(message, state) {
-    var el = $("status");
-    el.textContent = message || "";
-    el.dataset.state = message ? state : "";
-  }
+  var $ = seckillPage.$, setText = seckillPage.setText, status = seckillPage.status;
 
   function why(answer) {
     return answer.body && answer.body.message ? answer.body.message : "HTTP " + answer.code;
@@ -89,11 +78,8 @@
   }
 
   function tokenFromFragment() {
-    var match = /(?:^|&)token=([^&]+)/.exec(location.hash.slice(1));
-    if (!match) { return; }
-    useToken(decodeURIComponent(match[1]));
-    // Out of the address bar, the history and any bookmark.
-    history.replaceState(null, "", location.pathname + location.search);
+    var taken = seckillPage.fragmentToken();
+    if (taken) { useToken(taken); }
   }
 
   function forgetItem() {
