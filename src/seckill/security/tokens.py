@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -115,7 +116,9 @@ class TokenCodec:
     _key_set: dict[str, PinnedKey] | None
     _fingerprint: frozenset[tuple[str, str, str]]
     _signing: tuple[_Key, dict[str, str]] | None
-    _verified: dict[bytes, tuple[str, str, Any, Any, Any]]
+    # Oldest first. An OrderedDict drops its oldest in O(1); a dict's first key is found past
+    # every slot freed before it (a crowd of new buyers made the refusal 3x dearer that way).
+    _verified: OrderedDict[bytes, tuple[str, str, Any, Any, Any]]
 
     def __init__(
         self,
@@ -229,7 +232,7 @@ class TokenCodec:
         self._key_set = None
         self._fingerprint = frozenset()
         self._signing = None
-        self._verified = {}
+        self._verified = OrderedDict()
         # Called when a token names a kid the key set lacks (the refresher loads it early).
         self.on_unknown_key: Callable[[], None] | None = None
 
@@ -254,7 +257,7 @@ class TokenCodec:
             return False
         self._key_set = dict(key_set)
         self._fingerprint = found
-        self._verified = {}
+        self._verified = OrderedDict()
         return True
 
     def mint(self, subject: str, role: Role, *, ttl_seconds: int, now: float | None = None) -> str:
@@ -304,7 +307,7 @@ class TokenCodec:
             return Identity(subject=subject, role=_ROLES[role])
         identity, times = self._verify_signed(token, now)
         if len(self._verified) >= VERIFIED_CACHE_SIZE:
-            del self._verified[next(iter(self._verified))]
+            self._verified.popitem(last=False)
         self._verified[digest] = (identity.subject, identity.role.value, *times)
         return identity
 

@@ -30,6 +30,7 @@ import json
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -204,7 +205,9 @@ class ItemCache:
         self._local_max = local_max_items
         self._clock = clock
         # item id -> (expires at, monotonic seconds; the record, or None for absent)
-        self._local: dict[int, tuple[float, ItemRecord | None]] = {}
+        # Oldest first. An OrderedDict drops its oldest in O(1); a dict's first key is found
+        # past every slot freed before it, a scan as long as the churn since its last resize.
+        self._local: OrderedDict[int, tuple[float, ItemRecord | None]] = OrderedDict()
         self._loads: dict[int, asyncio.Task[ItemRecord | None]] = {}
         # Loads of many ids at once (a flood of unknown ids) take turns: they never drain the
         # SQL connection pool the rest of the process needs.
@@ -312,10 +315,10 @@ class ItemCache:
 
     def _remember(self, item_id: int, record: ItemRecord | None) -> ItemRecord | None:
         ttl = self._local_s if record is not None else self._local_absent_s
-        self._local.pop(item_id, None)  # re-inserted last: the dict stays in expiry order
         self._local[item_id] = (time.monotonic() + ttl, record)
+        self._local.move_to_end(item_id)  # last: the entries stay in expiry order
         if len(self._local) > self._local_max:
-            del self._local[next(iter(self._local))]
+            self._local.popitem(last=False)
         return record
 
     # -- the card --------------------------------------------------------------------------------
