@@ -13,7 +13,9 @@ Six targets, one after the other, from C keep-alive connections (default 64) for
   floor. ``hello raw`` is the same with a bare ASGI callable instead of FastAPI: the floor of the
   server alone, which every ratio of the headline divides by. Both are sent the purchase's
   request (``POST /api/v1/items/{id}/orders`` with a bearer token, an ``Idempotency-Key``, a
-  ``Seckill-Ticket`` and the body ``{"quantity":1}``).
+  ``Seckill-Ticket`` and the body ``{"quantity":1}``). Under granian, ``hello rsgi`` is the bare
+  hello on granian's own interface (RSGI: the answer handed over in one call, no ASGI messages):
+  what ASGI itself costs a request (``rsgi_vs_bare_hello``, ``rsgi_cpu_us``).
 * ``item``: ``GET /api/v1/items/{id}``, what every buyer reads first (the same request again
   and again: it names no buyer).
 * ``ticket``: ``POST /api/v1/items/{id}/tickets``, every request a new buyer whose token the
@@ -198,7 +200,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="write a perf record of the server (kernel and native code too) per target here",
     )
-    parser.add_argument("--serve-hello", choices=("fastapi", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve-hello", choices=("fastapi", "raw", "rsgi"), help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_hello:
@@ -254,6 +256,12 @@ async def hello_raw(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": HELLO_BODY})
 
 
+async def hello_rsgi(scope: Any, protocol: Any) -> None:
+    """Plain RSGI, granian's own interface (granian only): the bare hello without ASGI's
+    messages, the answer handed over in one call instead of two awaited sends."""
+    protocol.response_bytes(200, [("content-type", "application/json")], HELLO_BODY)
+
+
 def serve_hello(kind: str, port: int, workers: int, server: str) -> None:
     """Serve a hello app until SIGTERM, set up as ``seckill.serve`` sets up the API: under
     granian as ``seckill api --server granian`` runs it; under uvicorn in this process, or in
@@ -263,11 +271,16 @@ def serve_hello(kind: str, port: int, workers: int, server: str) -> None:
 
     from seckill.serve import granian_server, listening_socket
 
-    app = "benchmarks.http:hello_fastapi" if kind == "fastapi" else "benchmarks.http:hello_raw"
+    app = f"benchmarks.http:hello_{kind}"
     if server == "granian":
-        granian_server(
+        served = granian_server(
             app, factory=kind == "fastapi", host="127.0.0.1", port=port, processes=workers
-        ).serve()
+        )
+        if kind == "rsgi":  # the same server, speaking RSGI
+            from granian.constants import Interfaces
+
+            served.interface = Interfaces.RSGI
+        served.serve()
         return
     sock = listening_socket("127.0.0.1", port)
     options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"}
@@ -715,7 +728,10 @@ def measure(
     workdir = product.workdir
     # Request shapes for the hello runs: they never reach the product, so may be sent again.
     sample = product.requests(product.big_item, SAMPLE_BUYERS, "sample")
-    for kind, name in (("fastapi", "hello"), ("raw", "hello raw")):
+    hellos = [("fastapi", "hello"), ("raw", "hello raw")]
+    if args.server == "granian":  # what the ASGI interface costs a request, beside the bare one
+        hellos.append(("rsgi", "hello rsgi"))
+    for kind, name in hellos:
         with hello_server(kind, workdir, args) as (hello_url, process):
             if args.warm_up:
                 generate(hello_url, product.big_item, sample, args.warm_up, args)
@@ -799,8 +815,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "server": api.pid, "redis": redis.process.pid if redis.process else None,
                     "persister": persister.pid,
                 })  # fmt: skip
-    report(loads, {"hello": "200", "hello raw": "200", "item": "200", "ticket": "200",
-                   "purchase": "202", "soldout": "409 sold_out"})  # fmt: skip
+    report(loads, {"hello": "200", "hello raw": "200", "hello rsgi": "200", "item": "200",
+                   "ticket": "200", "purchase": "202", "soldout": "409 sold_out"})  # fmt: skip
     verdict = "passed" if found["passed"] else "FAILED"
     print(f"\naudit {verdict}: {json.dumps(found)}")
     for name in ("ticket", "purchase", "soldout"):  # the others reuse their sample on purpose
@@ -845,6 +861,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         ),
         # Against the FastAPI hello: what the product costs over the framework it is built on.
         "vs_fastapi_hello": {name: ratio(name, "hello") for name in products},
+        # granian's own interface beside ASGI, both bare: what ASGI's messages cost a request.
+        "rsgi_vs_bare_hello": ratio("hello rsgi") if "hello rsgi" in loads else None,
+        "rsgi_cpu_us": us_per_request("hello rsgi", "server") if "hello rsgi" in loads else None,
         "server": args.server,
         "generator": args.generator,
         "workers": args.workers,
