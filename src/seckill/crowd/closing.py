@@ -51,7 +51,11 @@ async def archive_on_console(client: ApiClient, item_ids: Sequence[int], screens
                 await row.click()
                 await page.locator("#archive").click()
                 await page.locator("#confirm-yes").click()
-                await expect(row.locator(".stage")).to_have_text("archived")
+                try:
+                    await expect(row.locator(".stage")).to_have_text("archived")
+                except AssertionError:
+                    said = await page.locator("#item-result").text_content()
+                    raise ClosingFailed(f"item {item_id} was not archived: {said}") from None
             await page.screenshot(path=screenshot, full_page=True)
         finally:
             await browser.close()
