@@ -8,7 +8,6 @@
   var REFRESH_MS = 2000;
   var PAGE = 50;  // items asked for at a time
   var LISTED = 100;  // dead letters and refunds shown
-  var STORE_KEY = "seckill.admin.token";  // shared with the dashboard, in the same tab
 
   var token = null;
   var generation = 0;  // an answer that arrives after the token changed is ignored
@@ -91,33 +90,17 @@
 
   // -- the token -------------------------------------------------------------------------------
 
-  function tokenFromFragment() {
-    var taken = seckillPage.fragmentToken();
-    if (taken) { sessionStorage.setItem(STORE_KEY, taken); }
-  }
-
   function open(newToken) {
     token = newToken;
     generation += 1;
     if (timer !== null) { clearTimeout(timer); timer = null; }
     $("console").hidden = !token;
-    $("token").hidden = $("login").querySelector("label").hidden = !!token;
-    $("login").querySelector("button[type=submit]").hidden = !!token;
     if (token) {
       status("Connecting...", "info");
       refresh(generation, true);
     } else {
       status("Enter an admin token to open the console.", "info");
     }
-  }
-
-  function refused(code, body) {
-    sessionStorage.removeItem(STORE_KEY);
-    open(null);
-    var detail = body && body.message ? " (" + body.message + ")" : "";
-    status(code === 401
-      ? "The token was refused: it is invalid or expired" + detail + ". Enter an admin token."
-      : "This token is not an admin's" + detail + ". Enter an admin token.", "error");
   }
 
   // -- refreshing ------------------------------------------------------------------------------
@@ -489,25 +472,10 @@
   $("settled-letters").addEventListener("change", function () { loadLetters().catch(failed); });
   $("refund-state").addEventListener("change", function () { loadRefunds().catch(failed); });
 
-  $("login").addEventListener("submit", function (event) {
-    event.preventDefault();
-    var value = $("token").value.trim();
-    if (!value) { return; }
-    sessionStorage.setItem(STORE_KEY, value);
-    $("token").value = "";
-    open(value);
-  });
-
-  $("forget").addEventListener("click", function () {
-    sessionStorage.removeItem(STORE_KEY);
-    open(null);
-  });
-
   var now = new Date();
   var form = $("create-form");
   form.elements.starts_at.value = localInput(now);
   form.elements.ends_at.value = localInput(new Date(now.getTime() + 3600 * 1000));
 
-  tokenFromFragment();
-  open(sessionStorage.getItem(STORE_KEY));
+  var refused = seckillPage.adminToken(open);
 })();

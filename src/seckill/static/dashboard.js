@@ -7,7 +7,6 @@
   var DATA_URL = "api/v1/admin/dashboard";  // relative: works behind a path prefix too
   var POLL_MS = 1000;
   var MAX_POINTS = 3600;  // an hour of polls; older points are dropped
-  var STORE_KEY = "seckill.admin.token";  // shared with the console, in the same tab
   var HEIGHT = 180;
   var STOCK = [
     { field: "available", color: "#1a7f37" },
@@ -38,19 +37,10 @@
 
   // -- the token -------------------------------------------------------------------------------
 
-  function tokenFromFragment() {
-    var taken = seckillPage.fragmentToken();
-    if (taken) { sessionStorage.setItem(STORE_KEY, taken); }
-  }
-
   function watch(newToken) {
     token = newToken;
     generation += 1;
     previous = null;
-    $("login").dataset.watching = token ? "yes" : "no";
-    $("token").hidden = !!token;
-    $("login").querySelector("button[type=submit]").hidden = !!token;
-    $("login").querySelector("label").hidden = !!token;
     if (timer !== null) { clearTimeout(timer); timer = null; }
     if (token) {
       status("Connecting...", "info");
@@ -58,15 +48,6 @@
     } else {
       status("Enter an admin token to watch the sale.", "info");
     }
-  }
-
-  function refused(code, body) {
-    sessionStorage.removeItem(STORE_KEY);
-    watch(null);
-    var detail = body && body.message ? " (" + body.message + ")" : "";
-    status(code === 401
-      ? "The token was refused: it is invalid or expired" + detail + ". Enter an admin token."
-      : "This token is not an admin's" + detail + ". Enter an admin token.", "error");
   }
 
   // -- polling ---------------------------------------------------------------------------------
@@ -338,20 +319,5 @@
     charts.forEach(function (c) { c.plot.setSize({ width: widthOf(c.el), height: HEIGHT }); });
   });
 
-  $("login").addEventListener("submit", function (event) {
-    event.preventDefault();
-    var value = $("token").value.trim();
-    if (!value) { return; }
-    sessionStorage.setItem(STORE_KEY, value);
-    $("token").value = "";
-    watch(value);
-  });
-
-  $("forget").addEventListener("click", function () {
-    sessionStorage.removeItem(STORE_KEY);
-    watch(null);
-  });
-
-  tokenFromFragment();
-  watch(sessionStorage.getItem(STORE_KEY));
+  var refused = seckillPage.adminToken(watch);
 })();

@@ -26,5 +26,42 @@ var seckillPage = (function () {
     return decodeURIComponent(match[1]);
   }
 
-  return { $: $, setText: setText, status: status, fragmentToken: fragmentToken };
+  // The admin pages' token (the dashboard's and the console's: one, kept in this tab), from
+  // the address, the tab, or the #login form (#token, its submit button, #forget). ``use`` is
+  // called with it whenever it changes, null when there is none (the form shows; ``use`` says
+  // what to enter). Returns what the page calls when the server refuses it (401, 403): it is
+  // forgotten, and why is said.
+  function adminToken(use) {
+    var KEY = "seckill.admin.token";
+    var login = $("login");
+
+    function change(token) {
+      if (token) { sessionStorage.setItem(KEY, token); } else { sessionStorage.removeItem(KEY); }
+      $("token").hidden = login.querySelector("label").hidden = !!token;
+      login.querySelector("button[type=submit]").hidden = !!token;
+      use(token);
+    }
+
+    login.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var value = $("token").value.trim();
+      if (!value) { return; }
+      $("token").value = "";
+      change(value);
+    });
+    $("forget").addEventListener("click", function () { change(null); });
+    change(fragmentToken() || sessionStorage.getItem(KEY));
+
+    return function refused(code, body) {
+      change(null);
+      var detail = body && body.message ? " (" + body.message + ")" : "";
+      status(code === 401
+        ? "The token was refused: it is invalid or expired" + detail + ". Enter an admin token."
+        : "This token is not an admin's" + detail + ". Enter an admin token.", "error");
+    };
+  }
+
+  return {
+    $: $, setText: setText, status: status, fragmentToken: fragmentToken, adminToken: adminToken,
+  };
 })();
