@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_serve import call, env_for, free_port, token
+from tests.e2e.test_serve import call, env_for, free_port, token, wait_until_serving
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUN_TIMEOUT_S = 60
@@ -45,16 +44,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             [sys.executable, "-m", "seckill.cli", "serve"], env=env, stdout=log, stderr=log
         )
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if call("GET", f"{base}/healthz")[0] == 200:
-                        break
-                except OSError:
-                    pass
-                assert server.poll() is None, log_path.read_text()
-                assert time.monotonic() < deadline, "serve did not come up in 30 s"
-                time.sleep(0.1)
+            wait_until_serving(server, base, log_path)
             admin = token(env, "--admin")
             now = datetime.now(UTC)
             status, item = call(

@@ -57,6 +57,21 @@ def token(env: dict[str, str], *args: str) -> str:
     return done.stdout.strip()
 
 
+def wait_until_serving(server: subprocess.Popen[Any], base: str, log_path: Path) -> None:
+    """Until the ``seckill serve`` at ``base`` answers /healthz 200; its log fails the test if
+    it exits first or takes over 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if call("GET", f"{base}/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        assert server.poll() is None, log_path.read_text()
+        assert time.monotonic() < deadline, "serve did not come up in 30 s"
+        time.sleep(0.1)
+
+
 def test_serve_sells_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     env = env_for(tmp_path, port)
@@ -66,17 +81,7 @@ def test_serve_sells_and_stops_on_sigterm(tmp_path: Path) -> None:
         [sys.executable, "-m", "seckill.cli", "serve"], env=env, stdout=log, stderr=log
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if call("GET", f"{base}/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, "serve did not come up in 30 s"
-            time.sleep(0.1)
-
+        wait_until_serving(server, base, tmp_path / "serve.log")
         admin, alice = token(env, "--admin"), token(env, "--buyer", "alice")
         now = datetime.now(UTC)
         status, item = call(
