@@ -36,14 +36,14 @@ from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.queues import Queues
 from seckill.services.archive import Archivist, Settlement
+from seckill.services.items import create_item as create_item_service
 from seckill.services.items import (
-    UnknownItem,
     end_sale,
     item_counters,
     item_on_sale,
+    require_item,
     warm_item,
 )
-from seckill.services.items import create_item as create_item_service
 from seckill.services.reconcile.records import audit_records
 from seckill.services.waiting_room import queue_report
 
@@ -184,10 +184,8 @@ def _stage_out(record: ItemRecord, s: Settlement) -> ItemStageOut:
 async def audit(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> AuditOut:
     """Check the item's invariants in Redis, and Redis against SQL, from one look: stock
     balanced, buyers within their limit, every order in SQL, the same counters on both sides."""
-    runtime = ctx.runtime
-    if await ctx.ledger.stock(item_id) is None and await runtime.engine.stock(item_id) is None:
-        raise UnknownItem(f"no item {item_id}")
-    checks = await audit_records(runtime.engine, ctx.ledger, item_id)
+    await require_item(ctx.runtime.engine, ctx.ledger, item_id)
+    checks = await audit_records(ctx.runtime.engine, ctx.ledger, item_id)
     return AuditOut(
         item_id=item_id,
         passed=all(c.ok for c in checks),

@@ -13,7 +13,7 @@ from seckill.api.errors import documented
 from seckill.api.paths import ItemId
 from seckill.api.schemas import DriftOut, FindingOut, RepairOut, counters_out
 from seckill.bootstrap.services import Context, reconciler
-from seckill.services.items import UnknownItem
+from seckill.services.items import require_item
 from seckill.services.reconcile.drift import Finding
 from seckill.services.reconcile.reconciler import ItemReport
 
@@ -29,7 +29,7 @@ Ctx = Annotated[Context, Depends(context)]
 async def drift(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> DriftOut:
     """What Redis and SQL disagree on for this item, as of one stream position. Only a look:
     nothing is fenced or repaired (the reconciler's own passes do that)."""
-    await _known(ctx, item_id)
+    await require_item(ctx.runtime.engine, ctx.ledger, item_id)
     return _drift_out(await reconciler(ctx.runtime, ledger=ctx.ledger).look(item_id))
 
 
@@ -41,14 +41,9 @@ async def drift(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> DriftOut:
 async def repair(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> DriftOut:
     """Repair the drift found, each repair journaled as the reconciler's are (which side wins
     is the reconciler's rule), then look again: ``left`` is what still disagrees."""
-    await _known(ctx, item_id)
+    await require_item(ctx.runtime.engine, ctx.ledger, item_id)
     found = await reconciler(ctx.runtime, ledger=ctx.ledger).reconcile(item_id, repair=True)
     return _drift_out(found)
-
-
-async def _known(ctx: Context, item_id: int) -> None:
-    if await ctx.ledger.stock(item_id) is None and await ctx.runtime.engine.stock(item_id) is None:
-        raise UnknownItem(f"no item {item_id}")
 
 
 def _drift_out(report: ItemReport) -> DriftOut:

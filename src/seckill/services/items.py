@@ -222,6 +222,12 @@ class ItemCounters:
     shards: list[Stock | None]  # each stock shard's own counters in Redis (one: the item's)
 
 
+async def require_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> None:
+    """``UnknownItem`` unless SQL or Redis has the item's counters (an admin look at it)."""
+    if await ledger.stock(item_id) is None and await engine.stock(item_id) is None:
+        raise UnknownItem(f"no item {item_id}")
+
+
 async def item_counters(engine: RedisEngine, ledger: Ledger, item_id: int) -> ItemCounters:
     sql = await ledger.stock(item_id)
     redis = await engine.stock(item_id)
