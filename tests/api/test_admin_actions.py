@@ -28,6 +28,7 @@ async def drift(api: Api, item_id: int) -> Any:
     return answer.json()
 
 
+@pytest.mark.redis_variants("redis7", "cluster")
 async def test_drift_is_looked_at_then_repaired(api: Api, redis: Redis) -> None:
     item_id = await api.create_item(total=10)
     assert (await api.buy(item_id, "alice", "k1")).status_code == 202
@@ -120,6 +121,7 @@ async def test_unknown_items_and_bad_bodies_are_refused(api: Api) -> None:
         assert answer.status_code == 422, (body, answer.text)
 
 
+@pytest.mark.redis_variants("redis7", "cluster")
 @pytest.mark.parametrize("shards", [1, 2])
 async def test_a_sale_ended_early(api: Api, shards: int) -> None:
     item_id = await api.create_item(total=10, stock_shards=shards)
