@@ -54,7 +54,9 @@ class AheadOfStream(BadEvent):
     event of the same stream (the release that freed the stock) is still on its way."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Not frozen: the persister makes one per stream entry, and a frozen dataclass's __init__ (a
+# setattr call per field) costs five times a plain one's, 4.4 against 0.8 µs. Nothing mutates one.
+@dataclass(slots=True, kw_only=True)
 class StockEvent:
     event_id: str  # the stream entry id: unique within its stream
     kind: EventKind
@@ -84,56 +86,68 @@ def stream_position(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+_EVERY = ("item_id", "at_ms")  # the fields every event carries
 _REQUIRED = {
-    EventKind.LOADED: ("total",),
-    EventKind.RESERVED: ("order_id", "buyer", "quantity", "deadline_ms"),
-    EventKind.PAID: ("order_id", "buyer", "quantity"),
-    EventKind.RELEASED: ("order_id", "buyer", "quantity", "reason"),
-    EventKind.REFUND_REQUIRED: ("order_id", "buyer", "quantity", "reason"),
-    EventKind.TRANSFERRED_OUT: ("transfer_id", "quantity"),
-    EventKind.TRANSFERRED_IN: ("transfer_id", "quantity"),
+    EventKind.LOADED: (*_EVERY, "total"),
+    EventKind.RESERVED: (*_EVERY, "order_id", "buyer", "quantity", "deadline_ms"),
+    EventKind.PAID: (*_EVERY, "order_id", "buyer", "quantity"),
+    EventKind.RELEASED: (*_EVERY, "order_id", "buyer", "quantity", "reason"),
+    EventKind.REFUND_REQUIRED: (*_EVERY, "order_id", "buyer", "quantity", "reason"),
+    EventKind.TRANSFERRED_OUT: (*_EVERY, "transfer_id", "quantity"),
+    EventKind.TRANSFERRED_IN: (*_EVERY, "transfer_id", "quantity"),
 }
+# Looked up by value: a dict is several times cheaper than calling the enum, once per entry.
+_KINDS = {kind.value: kind for kind in EventKind}
+_RELEASE_REASONS = {reason.value: reason for reason in ReleaseReason}
+_REFUND_REASONS = {reason.value: reason for reason in RefundReason}
 
 
-def _number(fields: dict[str, str], name: str, *, low: int = 0) -> int:
-    raw = fields[name]
-    if not raw.isdigit() or int(raw) < low:
-        raise BadEvent(f"field {name!r} must be a whole number >= {low}, got {raw!r}")
-    return int(raw)
+def _is_number(raw: str) -> bool:
+    return raw.isdigit() and raw.isascii()  # isdigit alone takes "²", which int() refuses
+
+
+def _number(raw: str, name: str, low: int = 0) -> int:
+    if _is_number(raw) and (number := int(raw)) >= low:
+        return number
+    raise BadEvent(f"field {name!r} must be a whole number >= {low}, got {raw!r}")
 
 
 def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> StockEvent:
-    try:
-        stream_position(entry_id)
-    except ValueError:
-        raise BadEvent(f"entry id {entry_id!r} is not a stream id") from None
-    try:
-        kind = EventKind(fields.get("event", ""))
-    except ValueError:
-        raise BadEvent(f"unknown event kind {fields.get('event')!r}") from None
-    missing = [f for f in ("item_id", "at_ms", *_REQUIRED[kind]) if not fields.get(f)]
-    if missing:
-        raise BadEvent(f"{kind} event without {', '.join(missing)}")
+    """The event a stream entry carries, every field checked (the persister decodes one per
+    entry it lands, so this is written for speed: dict look-ups, each number converted once)."""
+    ms, _, seq = entry_id.partition("-")
+    if not (_is_number(ms) and _is_number(seq or "0")):
+        raise BadEvent(f"entry id {entry_id!r} is not a stream id")
     get = fields.get
-    reason = get("reason")
-    reasons = RefundReason if kind is EventKind.REFUND_REQUIRED else ReleaseReason
-    try:
-        why = reasons(reason) if reason else None
-    except ValueError:
-        raise BadEvent(f"unknown {kind} reason {reason!r}") from None
+    kind = _KINDS.get(get("event", ""))
+    if kind is None:
+        raise BadEvent(f"unknown event kind {get('event')!r}")
+    required = _REQUIRED[kind]
+    if not all(map(get, required)):
+        raise BadEvent(f"{kind} event without {', '.join(f for f in required if not get(f))}")
+    why: ReleaseReason | RefundReason | None = None
+    if reason := get("reason"):
+        reasons = _REFUND_REASONS if kind is EventKind.REFUND_REQUIRED else _RELEASE_REASONS
+        why = reasons.get(reason)
+        if why is None:
+            raise BadEvent(f"unknown {kind} reason {reason!r}")
+    order_id = get("order_id")
+    quantity = get("quantity")
+    deadline_ms = get("deadline_ms")
+    total = get("total")
     return StockEvent(
         event_id=entry_id,
         shard=shard,
         kind=kind,
-        item_id=_number(fields, "item_id", low=1),
-        at_ms=_number(fields, "at_ms"),
-        order_id=_number(fields, "order_id", low=1) if get("order_id") else None,
+        item_id=_number(fields["item_id"], "item_id", 1),
+        at_ms=_number(fields["at_ms"], "at_ms"),
+        order_id=_number(order_id, "order_id", 1) if order_id else None,
         buyer=get("buyer"),
-        quantity=_number(fields, "quantity", low=1) if get("quantity") else None,
-        deadline_ms=_number(fields, "deadline_ms") if get("deadline_ms") else None,
+        quantity=_number(quantity, "quantity", 1) if quantity else None,
+        deadline_ms=_number(deadline_ms, "deadline_ms") if deadline_ms else None,
         reason=why,
         payment_id=get("payment_id") or None,
-        total=_number(fields, "total") if get("total") else None,
+        total=_number(total, "total") if total else None,
         request_id=get("request_id") or None,
         idempotency_key=get("key") or None,
         transfer_id=get("transfer_id") or None,
