@@ -4,11 +4,14 @@ side)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
+from seckill.engine import group_reader
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
+from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
 from seckill.engine.keys import items_registry
 from seckill.engine.streams import GROUP
 from seckill.services.dashboard import take_snapshot
@@ -204,3 +207,106 @@ async def test_a_retired_group_leaves_the_registry_and_every_stream(engine: Redi
     await persister.discover()
     groups = await engine.redis.xinfo_groups(engine.keys(2).events)
     assert [g["name"] for g in groups] == [GROUP]
+
+
+def lots_of(size: int, engine: RedisEngine) -> GroupReader:
+    config = ReadConfig(batch_size=size, block_ms=10, poll_ms=10)
+    return GroupReader(
+        redis=engine.redis, group=GROUP, consumer="ahead-1", prefix=engine.prefix, config=config
+    )
+
+
+async def test_a_backlog_is_read_ahead_while_the_sink_takes_each_lot_in_order(
+    engine: RedisEngine,
+) -> None:
+    """While the sink has one lot, the next is already read and prepared; lots are handled one
+    after the other, in stream order, each entry once."""
+    await engine.load_item(open_item(total=1000))
+    group = lots_of(50, engine)
+    await sell(engine, 220)
+    everything = [entry_id for entry_id, _ in await engine.redis.xrange(engine.keys(1).events)]
+    prepared: list[list[str]] = []
+    handled: list[str] = []
+    ready_while_handling: list[bool] = []
+
+    def prepare(entries: list[Entry]) -> list[Entry]:
+        prepared.append([e.entry_id for e in entries])
+        return entries
+
+    async def handle(lot: list[Entry]) -> int:
+        if not lot:
+            return 0
+        await asyncio.sleep(0.02)  # the sink's server at work
+        # Prepared by now: the claimed entries (none), each lot so far and the next one.
+        ready_while_handling.append(len(prepared) >= len(ready_while_handling) + 3)
+        handled.extend(e.entry_id for e in lot)
+        await group.ack(lot)
+        return len(lot)
+
+    while await one_pass(group, handle, prepare=prepare):
+        pass
+    assert handled == everything  # 221: the load and each sale, once, in order
+    # Each full lot had the next one read and prepared before it was done with.
+    assert ready_while_handling == [True, True, True, True, False]  # 50, 50, 50, 50, 21
+
+
+async def test_a_lot_read_ahead_while_the_sink_stalled_is_read_again_from_redis(
+    engine: RedisEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink that stalls over a lot (an outage) may outlast entries Redis then loses: the lot
+    read ahead meanwhile is not handled as read; its entries are read again from Redis, and
+    those gone are acknowledged, not handled."""
+    monkeypatch.setattr(group_reader, "BACKLOG_PASS_S", 0.05)
+    await engine.load_item(open_item(total=1000))
+    group = lots_of(50, engine)
+    await sell(engine, 120)
+    stream = engine.keys(1).events
+    everything = [entry_id for entry_id, _ in await engine.redis.xrange(stream)]
+    lost = everything[50:60]  # in the second lot: read ahead while the first stalls
+    handled: list[str] = []
+    read: list[list[Entry]] = []
+    second_lot_read = asyncio.Event()
+
+    def prepare(entries: list[Entry]) -> list[Entry]:
+        read.append(entries)
+        if len(read) == 3:  # the claimed entries (none), the first lot, the second
+            second_lot_read.set()
+        return entries
+
+    async def handle(lot: list[Entry]) -> int:
+        if lot and len(read) == 2:  # the first lot, the second not read yet
+            async with asyncio.timeout(5):
+                await second_lot_read.wait()  # read ahead while the first is handled
+            await engine.redis.xdel(stream, *lost)  # then Redis loses some of it
+            await asyncio.sleep(0.1)  # and the sink stalls
+        handled.extend(e.entry_id for e in lot)
+        await group.ack(lot)
+        return len(lot)
+
+    while await one_pass(group, handle, prepare=prepare):
+        pass
+    assert [e.entry_id for e in read[2]][:10] == lost  # read ahead, then lost
+    assert handled == [entry_id for entry_id in everything if entry_id not in lost]
+    pending = await engine.redis.xpending(stream, GROUP)
+    assert pending["pending"] == 0
+
+
+async def test_a_pending_entry_deleted_from_its_stream_is_acknowledged_not_handed_on(
+    engine: RedisEngine,
+) -> None:
+    """Read again after Redis failed, an entry Redis lost meanwhile comes back without fields:
+    it is acknowledged, and never reaches the sink as an entry of nothing."""
+    await engine.load_item(open_item(total=100))
+    group = lots_of(50, engine)
+    await group.upkeep()
+    await sell(engine, 5)
+    first = await group.read(block=False)
+    stream = engine.keys(1).events
+    await engine.redis.xdel(stream, first[1].entry_id, first[2].entry_id)
+    group.redis_failed()
+    again = await group.read(block=False)
+    assert [e.entry_id for e in again] == [
+        e.entry_id for i, e in enumerate(first) if i not in (1, 2)
+    ]
+    assert all(e.fields for e in again)
+    assert (await engine.redis.xpending(stream, GROUP))["pending"] == len(again)

@@ -33,12 +33,13 @@ pipelines, a few round trips in all however many streams it touches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
@@ -112,10 +113,19 @@ class GroupReader:
         self._next_sweep = 0.0
         self._acknowledged: set[str] = set()  # streams acknowledged in since the last trim
         self._own_pending_first = False
+        self.more_waiting = False  # the last read filled its count: a backlog, read on at once
 
     def redis_failed(self) -> None:
         """Redis failed under a read or an acknowledgement: read this consumer's pending
         entries first next time."""
+        self._own_pending_first = True
+
+    async def abandon(self, read: asyncio.Future[Any]) -> None:
+        """A read started ahead whose entries will not be handled now (the lot before it
+        failed): what it took is pending with this consumer, so the next read starts there."""
+        read.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await read
         self._own_pending_first = True
 
     def forget_streams(self) -> None:
@@ -167,6 +177,7 @@ class GroupReader:
 
     async def read(self, *, block: bool) -> list[Entry]:
         """New entries, up to about a batch (this consumer's pending ones after Redis failed)."""
+        self.more_waiting = False
         if self._own_pending_first:
             return await self._read_own_pending()
         if isinstance(self._redis, RedisCluster):
@@ -181,6 +192,10 @@ class GroupReader:
                 block=self.config.block_ms if block else None,
             ),
         )
+        # COUNT is per stream: one that gave all it was asked has more.
+        self.more_waiting = any(
+            len(entries) >= self.config.batch_size for _, entries in reply or []
+        )
         return self._entries(reply or [])
 
     async def _read_each_stream(self, cluster: RedisCluster, *, block: bool) -> list[Entry]:
@@ -189,6 +204,7 @@ class GroupReader:
         counts = self._shares()
         read = await self._read_streams({stream: (">", n) for stream, n in counts.items()})
         self._full = {stream for stream, entries in read if len(entries) >= counts[stream]}
+        self.more_waiting = bool(self._full)
         entries = self._entries(read)
         if not entries and block:
             await asyncio.sleep(self.config.poll_ms / 1000)
@@ -247,7 +263,7 @@ class GroupReader:
             Entry(self.streams[stream], entry_id, fields)
             for stream, entries in reply
             for entry_id, fields in entries
-            if fields is not None
+            if fields  # a deleted entry has none (see _ack_deleted)
         ]
 
     async def claim_idle(self) -> list[Entry]:
@@ -275,8 +291,10 @@ class GroupReader:
     async def _ack_deleted(
         self, stream: str, entries: Sequence[tuple[str, dict[str, str] | None]]
     ) -> None:
-        """Acknowledge the pending entries deleted from the stream meanwhile: nothing to do."""
-        gone = [entry_id for entry_id, fields in entries if fields is None]
+        """Acknowledge the pending entries deleted from the stream meanwhile: nothing to do.
+        A deleted entry comes back without fields (Redis sends nil, which redis-py makes an
+        empty dict); an entry that is there has at least one."""
+        gone = [entry_id for entry_id, fields in entries if not fields]
         if gone:
             await self._redis.xack(stream, self.group, *gone)
             self._acknowledged.add(stream)
@@ -388,31 +406,79 @@ async def retire_group(redis: RedisClient, prefix: str, group: str) -> int:
     return left
 
 
-Handle = Callable[[list[Entry]], Awaitable[int]]
-"""What a consumer does with a lot of entries: hands them to its sink, acknowledges what the sink
-has (and dead-letters what it never will), and returns how many it is done with."""
+Lot = TypeVar("Lot")
+Prepare = Callable[[list[Entry]], Lot]
+"""What a consumer makes of entries as soon as they are read, before its sink is free (the
+persister decodes them): work done while the lot before them is still with the sink."""
+Handle = Callable[[Lot], Awaitable[int]]
+"""What a consumer does with a prepared lot: hands it to its sink, acknowledges what the sink has
+(and dead-letters what it never will), and returns how many entries it is done with."""
 
 
-async def one_pass(reader: GroupReader, handle: Handle, *, linger_s: float = 0.0) -> int:
+def as_read(entries: list[Entry]) -> list[Entry]:
+    """The ``Prepare`` of a consumer that handles entries as they were read."""
+    return entries
+
+
+# How long one pass goes on handling a backlog lot after lot before its upkeep (claims,
+# discovery, trims) is due again; a sink that took longer over one lot stalled (see one_pass).
+BACKLOG_PASS_S = 1.0
+
+
+async def one_pass(
+    reader: GroupReader,
+    handle: Handle[Lot],
+    *,
+    prepare: Prepare[Lot],
+    linger_s: float = 0.0,
+) -> int:
     """One pass of a worker that reads through ``reader`` (the persister, a bridge): claim a
     dead consumer's entries and handle them, read new ones and handle them, trim when due;
     returns the entries done. ``linger_s``: after a part-full read, wait this long so that under
     load the next lot gathers more.
 
+    Through a backlog the pass reads ahead: while the sink takes one lot, the next is read and
+    prepared, in the time the sink's server works, for up to ``BACKLOG_PASS_S``. A lot is
+    handled only after the one before it, so a stream's entries still land in order. A lot read
+    ahead while the sink stalled (an outage) is not handled: Redis may have lost entries since,
+    so the next read takes this consumer's pending entries again from Redis.
+
     When Redis fails under it, the next read starts with the consumer's own pending entries;
     when a stream lost its group (Redis restarted empty, FLUSHALL, an older AOF; ``seckill
     recover`` puts the items back), the streams are followed afresh (an archived item's among
     them)."""
+
+    async def read(*, block: bool) -> tuple[int, Lot]:
+        entries = await reader.read(block=block)
+        return len(entries), prepare(entries)
+
     try:
         claimed = await reader.upkeep()
         if not reader.streams:
             await asyncio.sleep(reader.config.block_ms / 1000)
             return 0
-        done = await handle(claimed)
-        fresh = await reader.read(block=not done)
-        done += await handle(fresh)
+        done = await handle(prepare(claimed))
+        count, lot = await read(block=not done)
+        until = time.monotonic() + BACKLOG_PASS_S
+        while True:
+            ahead = None
+            if reader.more_waiting and time.monotonic() < until:
+                ahead = asyncio.ensure_future(read(block=False))
+            handed = time.monotonic()
+            try:
+                done += await handle(lot)
+            except BaseException:
+                if ahead is not None:
+                    await reader.abandon(ahead)
+                raise
+            if ahead is None:
+                break
+            if time.monotonic() - handed > BACKLOG_PASS_S:  # the sink stalled
+                await reader.abandon(ahead)
+                break
+            count, lot = await ahead
         await reader.trim_if_due()
-        if linger_s and 0 < len(fresh) < reader.config.batch_size:
+        if linger_s and 0 < count < reader.config.batch_size:
             await asyncio.sleep(linger_s)
         return done
     except REDIS_UNAVAILABLE:

@@ -32,7 +32,7 @@ from typing import Any, cast
 from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import BadEvent, decode_event
 from seckill.engine.cluster import RedisClient
-from seckill.engine.group_reader import ConsumerConfig, Entry, GroupReader, one_pass
+from seckill.engine.group_reader import ConsumerConfig, Entry, GroupReader, as_read, one_pass
 from seckill.observability import metrics
 from seckill.sinks import (
     Message,
@@ -87,7 +87,7 @@ class Bridge:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, publish them; returns the entries confirmed."""
-        return await one_pass(self._reader, self._forward)
+        return await one_pass(self._reader, self._forward, prepare=as_read)
 
     async def _forward(self, entries: Sequence[Entry]) -> int:
         """Publish, then acknowledge what the broker confirmed; returns how many."""

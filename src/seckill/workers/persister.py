@@ -38,7 +38,7 @@ import secrets
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
@@ -101,7 +101,9 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
-        return await one_pass(self._reader, self._land, linger_s=self.config.linger_ms / 1000)
+        return await one_pass(
+            self._reader, self._land, prepare=_decode, linger_s=self.config.linger_ms / 1000
+        )
 
     async def trim(self) -> None:
         """Drop stream entries every group has acknowledged (see ``GroupReader.trim``)."""
@@ -109,17 +111,12 @@ class Persister:
 
     # -- landing -------------------------------------------------------------------------------
 
-    async def _land(self, entries: list[Entry]) -> int:
-        if not entries:
+    async def _land(self, lot: _Decoded) -> int:
+        decoded, undecodable = lot
+        for entry, error in undecodable:
+            await self._failed(entry, error)
+        if not decoded:
             return 0
-        decoded: list[tuple[Entry, StockEvent]] = []
-        for entry in entries:
-            try:
-                decoded.append(
-                    (entry, decode_event(entry.entry_id, entry.fields, shard=entry.keys.shard))
-                )
-            except BadEvent as exc:
-                await self._failed(entry, str(exc))
         landed = await self._apply(decoded)
         await self._reader.ack(landed)
         self.landed += len(landed)
@@ -225,6 +222,26 @@ class Persister:
         self.dead_lettered += 1
         metrics.DEAD_LETTERS.inc()
         log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
+
+
+class _Decoded(NamedTuple):
+    """A lot of entries as read: the events decoded, and the entries that are none (with why)."""
+
+    events: list[tuple[Entry, StockEvent]]
+    undecodable: list[tuple[Entry, str]]
+
+
+def _decode(entries: list[Entry]) -> _Decoded:
+    """Each entry's event: the persister's ``Prepare``, done while the lot before is landing."""
+    lot = _Decoded([], [])
+    for entry in entries:
+        try:
+            lot.events.append(
+                (entry, decode_event(entry.entry_id, entry.fields, shard=entry.keys.shard))
+            )
+        except BadEvent as exc:
+            lot.undecodable.append((entry, str(exc)))
+    return lot
 
 
 def _log_new_orders(decoded: Sequence[tuple[Entry, StockEvent]], landed: list[Entry]) -> None:
