@@ -48,6 +48,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from benchmarks.harness import run_on_private_redis
+from seckill.bootstrap.runtime import settle_heap
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
 from seckill.domain.outcomes import Outcome
@@ -442,6 +443,7 @@ async def measure_on(
         f"({entries} stream entries)"
     )
 
+    settle_heap()  # as a worker process does once it is built
     load = os.getloadavg()[0]
     drained = await drain(
         redis, ledger, stream=stream, entries=entries, persisters=args.persisters,

@@ -129,9 +129,9 @@ async def run(
         if sock is not None:
             app = create_app(settings, runtime=runtime, drain=drain)
             servers.append(_serving(app, sock, tasks))
-            settle_heap()
             host, port = sock.getsockname()[:2]
             log.info("API on http://%s:%d (OpenAPI at /docs)", host, port)
+        settle_heap()
         await stop.wait()
         log.info("stopping")
         for server in servers:
