@@ -443,7 +443,7 @@ async def measure_on(
         f"({entries} stream entries)"
     )
 
-    settle_heap()  # as a worker process does once it is built
+    settle_heap(worker=True)  # as a worker process does once it is built
     load = os.getloadavg()[0]
     drained = await drain(
         redis, ledger, stream=stream, entries=entries, persisters=args.persisters,

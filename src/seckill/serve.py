@@ -131,7 +131,7 @@ async def run(
             servers.append(_serving(app, sock, tasks))
             host, port = sock.getsockname()[:2]
             log.info("API on http://%s:%d (OpenAPI at /docs)", host, port)
-        settle_heap()
+        settle_heap(worker=bool(workers))
         await stop.wait()
         log.info("stopping")
         for server in servers:

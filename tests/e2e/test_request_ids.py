@@ -81,16 +81,18 @@ def test_a_purchase_carries_its_request_id_from_api_to_sql_row(tmp_path: Path) -
 
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            landed = [m for m in log_lines(log_path) if m["message"].endswith("landed in SQL")]
+            landed = [m for m in log_lines(log_path) if "landed in SQL" in m["message"]]
             if landed:
                 break
             time.sleep(0.1)
         lines = log_lines(log_path)
         # The API's own line of the hold is DEBUG: at INFO the landing is the order's one line.
         assert [m for m in lines if m["logger"] == "seckill.services.purchases"] == []
-        [landing] = [m for m in landed if m["request_id"] == "trace-42"]
-        order_id = landing["order_id"]
-        assert [m for m in lines if m["message"] == f"order {order_id} landed in SQL"] == [landing]
+        # The persister's line names each order landed with its request id.
+        [landing] = landed
+        assert landing["logger"] == "seckill.workers.persister"
+        assert landing["message"].startswith("orders landed in SQL (order=request): ")
+        order_id = int(landing["message"].rsplit(" ", 1)[1].removesuffix("=trace-42"))
         with sqlite3.connect(tmp_path / "seckill.db") as db:
             rows = db.execute("SELECT id, request_id FROM orders").fetchall()
         assert rows == [(order_id, "trace-42")]

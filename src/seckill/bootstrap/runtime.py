@@ -130,22 +130,24 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         )
 
 
-# The youngest generation is collected every GEN0_THRESHOLD allocations of tracked objects
-# instead of Python's 700. A persister's lot makes some 10,000 (each entry, its fields, its event,
-# its rows), all freed by reference counting once it lands: collected every 700 allocations,
-# each was traversed and aged on the way. Measured by `python -m benchmarks.drain` into
-# PostgreSQL: 63 -> 52 µs of CPU per order landed.
-GEN0_THRESHOLD = 50_000
+# A worker process collects the youngest generation every WORKER_GEN0_THRESHOLD allocations of
+# tracked objects instead of Python's 700. A persister's lot makes some 10,000 (each entry, its
+# fields, its event, its rows), all freed by reference counting once it lands: collected every
+# 700 allocations, each was traversed and aged on the way. Measured by `python -m
+# benchmarks.drain` into PostgreSQL: 63 -> 52 µs of CPU per order landed. An API process keeps
+# Python's threshold: a request's objects are few and die with it.
+WORKER_GEN0_THRESHOLD = 50_000
 
 
-def settle_heap() -> None:
+def settle_heap(*, worker: bool = False) -> None:
     """Leave what a server process has built so far (modules, the app, its schemas: some
-    140,000 objects that live as long as it does) out of every later garbage collection, and
-    collect young objects less often (``GEN0_THRESHOLD``).
+    140,000 objects that live as long as it does) out of every later garbage collection; in a
+    ``worker`` process, collect young objects less often (``WORKER_GEN0_THRESHOLD``).
 
     Each full collection walked all of them again; under a stampede the collector took about a
     seventh of the API process's CPU. Called once the process has built its app or workers."""
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GEN0_THRESHOLD, older, oldest)
+    if worker:
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(WORKER_GEN0_THRESHOLD, older, oldest)

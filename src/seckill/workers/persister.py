@@ -244,20 +244,23 @@ def _decode(entries: list[Entry]) -> _Decoded:
     return lot
 
 
+# Orders named per landing line: a lot's line split so that no line outgrows what log shippers
+# take whole (a container runtime splits lines past 16 kB).
+ORDERS_PER_LINE = 100
+
+
 def _log_new_orders(decoded: Sequence[tuple[Entry, StockEvent]], landed: list[Entry]) -> None:
-    """One line per order landed, with the request id that reserved it: the end of its trace
-    (bounded by the stock, like the API's line for the reservation)."""
+    """The orders landed, each with the request id that reserved it: the end of its trace. A
+    line per ``ORDERS_PER_LINE`` orders, ``order=request`` pairs: a JSON line per order cost the
+    persister about 40 µs of CPU per order, a quarter of the rest of landing it in SQLite."""
     if not log.isEnabledFor(logging.INFO):
         return
     ids = {entry.entry_id for entry in landed}
-    for entry, event in decoded:
-        if event.kind is EventKind.RESERVED and entry.entry_id in ids:
-            log.info(
-                "order %d landed in SQL",
-                event.order_id,
-                extra={
-                    "request_id": event.request_id or "",
-                    "order_id": event.order_id,
-                    "item_id": event.item_id,
-                },
-            )
+    pairs = [
+        f"{event.order_id}={event.request_id or '-'}"
+        for entry, event in decoded
+        if event.kind is EventKind.RESERVED and entry.entry_id in ids
+    ]
+    for start in range(0, len(pairs), ORDERS_PER_LINE):
+        chunk = pairs[start : start + ORDERS_PER_LINE]
+        log.info("orders landed in SQL (order=request): %s", " ".join(chunk))
