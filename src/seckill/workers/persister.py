@@ -2,14 +2,16 @@
 
 One consumer group (``seckill.engine.streams.GROUP``) on every item stream, read through
 ``seckill.engine.group_reader`` (discovery, one read per pass over every stream, claiming a dead
-consumer's entries, starting again from its own pending entries after Redis failed, trimming).
-Each pass lands a batch in one transaction, then XACKs, so an entry is acknowledged only once it
-is in SQL. Several persister processes share the group safely: the ledger makes every event
+consumer's entries, starting again from its own pending entries after Redis failed, trimming,
+reading ahead through a backlog). Each batch lands in one transaction, then is XACKed, so an
+entry is acknowledged only once it is in SQL; the next batch is read and decoded meanwhile
+(``_decode``). Several persister processes share the group safely: the ledger makes every event
 idempotent and order-independent.
 
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
-  lands or the worker is stopped; nothing is read meanwhile, so the backlog waits in Redis;
+  lands or the worker is stopped; nothing is read meanwhile (a batch read ahead is read again
+  from Redis once it is back), so the backlog waits in Redis;
   before each try the batch keeps only the entries their streams still have (Redis may have
   lost writes meanwhile: those are not landed);
 - another persister's transaction took a key this batch was about to write (the row of a new
