@@ -121,8 +121,9 @@ class GroupReader:
         self._own_pending_first = True
 
     async def abandon(self, read: asyncio.Future[Any]) -> None:
-        """A read started ahead whose entries will not be handled now (the lot before it
-        failed): what it took is pending with this consumer, so the next read starts there."""
+        """A read started ahead whose entries will not be handled now (the lot before it failed
+        or stalled): what it took is pending with this consumer, so the next read starts there,
+        from Redis."""
         read.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await read

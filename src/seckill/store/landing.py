@@ -379,6 +379,7 @@ async def _owe_refunds(conn: AsyncConnection, rows: list[dict[str, Any]]) -> Non
         await conn.execute(insert(Refund), fresh)
 
 
+# Built once too: the counters' moves are bound when it runs.
 _AVAILABLE, _HELD, _SOLD = (
     bindparam(f"by_{counter}", type_=Integer()) for counter in ("available", "held", "sold")
 )
