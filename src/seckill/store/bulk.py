@@ -95,8 +95,8 @@ _ADVANCE_FROM_ARRAYS = _advance_from_arrays()
 
 
 class Bulk:
-    """Any backend (SQLite): ``IN (...)`` with the ids written out, SQLAlchemy's executemany
-    with the column types' own processing, one UPDATE per order moved."""
+    """Any other backend (MySQL): ``IN (...)`` with the ids written out, SQLAlchemy's
+    executemany with the column types' own processing, one UPDATE per order moved."""
 
     def one_of(self, column: ColumnElement[Any]) -> ColumnElement[bool]:
         """``column`` is one of the whole numbers given as parameter ``ids`` when the statement
@@ -188,11 +188,7 @@ class MariaDBBulk(_DriverValues):
         # (a nullable column of these tables defaults to NULL).
         values = list(zip(*rows, strict=True))
         kept = [i for i, column in enumerate(values) if column.count(None) < len(column)]
-        quote = conn.dialect.identifier_preparer.quote
-        statement = (
-            f"INSERT INTO {quote(table.name)} ({', '.join(quote(columns[i]) for i in kept)}) "
-            f"VALUES ({', '.join('?' * len(kept))})"
-        )
+        statement = _insert_text(conn, table, [columns[i] for i in kept])
         async with _driver_connection(conn, statement) as driver:
             prepared = await driver.prepare(statement)
             try:
@@ -203,33 +199,11 @@ class MariaDBBulk(_DriverValues):
     async def advance(
         self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
     ) -> int:
-        ids, froms, statuses, *once_values = zip(*rows, strict=True)
-        # A time, reason or payment NULL in every row is left out, as in `insert`: COALESCE(x,
-        # NULL) is x.
-        once = [
-            (name, values)
-            for name, values in zip(
-                ("paid_at", "released_at", "release_reason", "payment_id"), once_values, strict=True
-            )
-            if values.count(None) < len(values)
-        ]
-        quote = conn.dialect.identifier_preparer.quote
-        assignments = [
-            f"{quote('status')} = ?",
-            *(f"{quote(name)} = COALESCE({quote(name)}, ?)" for name, _ in once),
-            f"{quote('updated_at')} = ?",
-        ]
-        statement = (
-            f"UPDATE {quote(ORDERS.name)} SET {', '.join(assignments)} "
-            f"WHERE {quote('id')} = ? AND {quote('status')} = ?"
-        )
-        parameters = zip(
-            statuses, *(values for _, values in once), [now] * len(rows), ids, froms, strict=True
-        )
+        statement, parameters = _advance_text(conn, rows, now)
         async with _driver_connection(conn, statement) as driver:
             prepared = await driver.prepare(statement)
             try:
-                result = await prepared.execute_bulk(list(parameters))
+                result = await prepared.execute_bulk(parameters)
             finally:
                 await prepared.close()
         return int(result.affected_rows)  # rows matched: SQLAlchemy connects with FOUND_ROWS
@@ -250,32 +224,59 @@ class SQLiteBulk(_DriverValues):
         columns: Sequence[str],
         rows: Sequence[tuple[Any, ...]],
     ) -> None:
-        quote = conn.dialect.identifier_preparer.quote
-        statement = (
-            f"INSERT INTO {quote(table.name)} ({', '.join(map(quote, columns))}) "
-            f"VALUES ({', '.join('?' * len(columns))})"
-        )
+        statement = _insert_text(conn, table, columns)
         async with _driver_connection(conn, statement) as driver:
             await driver.executemany(statement, rows)
 
     async def advance(
         self, conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
     ) -> int:
-        statement = (
-            f"UPDATE {ORDERS.name} SET status = ?, paid_at = COALESCE(paid_at, ?), "
-            "released_at = COALESCE(released_at, ?), "
-            "release_reason = COALESCE(release_reason, ?), "
-            "payment_id = COALESCE(payment_id, ?), updated_at = ? WHERE id = ? AND status = ?"
-        )
-        parameters = [
-            (status, paid_at, released_at, reason, payment_id, now, order_id, from_status)
-            for order_id, from_status, status, paid_at, released_at, reason, payment_id in rows
-        ]
+        statement, parameters = _advance_text(conn, rows, now)
         async with _driver_connection(conn, statement) as driver:
             cursor = await driver.executemany(statement, parameters)
             moved = int(cursor.rowcount)  # summed over the rows
             await cursor.close()
         return moved
+
+
+def _insert_text(conn: AsyncConnection, table: Table, columns: Sequence[str]) -> str:
+    """``INSERT`` of ``columns`` into ``table``, one ``?`` per value, as the drivers that take
+    statements as text read it (asyncmy's prepared statements, aiosqlite)."""
+    quote = conn.dialect.identifier_preparer.quote
+    return (
+        f"INSERT INTO {quote(table.name)} ({', '.join(map(quote, columns))}) "
+        f"VALUES ({', '.join('?' * len(columns))})"
+    )
+
+
+def _advance_text(
+    conn: AsyncConnection, rows: Sequence[tuple[Any, ...]], now: Any
+) -> tuple[str, list[tuple[Any, ...]]]:
+    """``_ADVANCE_ORDER`` as text with ``?`` placeholders, and each row's parameters for it
+    (``rows`` as ``_Advance.row`` makes them). A time, reason or payment NULL in every row is
+    left out (COALESCE(x, NULL) is x): MariaDB's bulk command types a column by its values."""
+    ids, froms, statuses, *once_values = zip(*rows, strict=True)
+    once = [
+        (name, values)
+        for name, values in zip(
+            ("paid_at", "released_at", "release_reason", "payment_id"), once_values, strict=True
+        )
+        if values.count(None) < len(values)
+    ]
+    quote = conn.dialect.identifier_preparer.quote
+    assignments = [
+        f"{quote('status')} = ?",
+        *(f"{quote(name)} = COALESCE({quote(name)}, ?)" for name, _ in once),
+        f"{quote('updated_at')} = ?",
+    ]
+    statement = (
+        f"UPDATE {quote(ORDERS.name)} SET {', '.join(assignments)} "
+        f"WHERE {quote('id')} = ? AND {quote('status')} = ?"
+    )
+    parameters = zip(
+        statuses, *(values for _, values in once), [now] * len(rows), ids, froms, strict=True
+    )
+    return statement, list(parameters)
 
 
 # Each way holds no state: one of each serves every batch, and statements built for a way once
