@@ -40,6 +40,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -47,7 +48,7 @@ from sqlalchemy import Table, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from benchmarks.harness import run_on_private_redis
+from benchmarks.harness import profiled, py_spy, run_on_private_redis
 from seckill.bootstrap.runtime import settle_heap
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
@@ -98,7 +99,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--redis-server", help="redis-server binary (default: the one on PATH, else the bundled)"
     )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="write a py-spy profile of this process over each drain alone (collapsed stacks) "
+        "here, one file per server",
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="with --profile: native frames too (py-spy --native)"
+    )
+    parser.set_defaults(perf=None)  # the profiler `profiled` runs: py-spy only
     args = parser.parse_args(argv)
+    if args.profile is not None and not py_spy():
+        parser.error("--profile: py-spy is not installed (pip install py-spy)")
     for name in ("orders", "batch_size", "persisters"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -445,10 +459,11 @@ async def measure_on(
 
     settle_heap(worker=True)  # as a worker process does once it is built
     load = os.getloadavg()[0]
-    drained = await drain(
-        redis, ledger, stream=stream, entries=entries, persisters=args.persisters,
-        batch_size=args.batch_size,
-    )  # fmt: skip
+    with profiled(f"drain-{product}", os.getpid(), args):
+        drained = await drain(
+            redis, ledger, stream=stream, entries=entries, persisters=args.persisters,
+            batch_size=args.batch_size,
+        )  # fmt: skip
     orders = await ledger.orders(item_id)
     sql_stock, redis_stock = await ledger.stock(item_id), await engine.stock(item_id)
     if len(orders) != n:

@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -339,6 +340,57 @@ def child_pids(pid: int) -> list[int]:
 def process_tree(pid: int) -> list[int]:
     """A process and its live descendants."""
     return [pid, *(found for child in child_pids(pid) for found in process_tree(child))]
+
+
+@contextlib.contextmanager
+def perf_recorded(name: str, pid: int, directory: Path) -> Iterator[None]:
+    """``perf record`` of the CPU process ``pid`` and its children spend (kernel, native code
+    and the interpreter alike) over the block: ``<directory>/<name>.data``, for ``perf
+    report``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"{name.replace(' ', '-')}.data"
+    pids = ",".join(map(str, process_tree(pid)))
+    argv = ["perf", "record", "-F", "999", "-g", "-p", pids, "-o", str(out)]
+    with (directory / "perf.log").open("a") as log:
+        perf = subprocess.Popen(argv, stdout=log, stderr=log)
+    try:
+        yield
+    finally:
+        perf.send_signal(signal.SIGINT)
+        perf.wait(timeout=60)
+
+
+def py_spy() -> Path | None:
+    """py-spy, on the PATH or beside this Python (installed in its virtualenv)."""
+    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    return Path(found) if found else None
+
+
+@contextlib.contextmanager
+def profiled(name: str, pid: int | None, args: argparse.Namespace) -> Iterator[None]:
+    """py-spy (``--profile``) or perf (``--perf``) sampling process ``pid`` (the server, or the
+    benchmark itself), with its child processes, over the block, if asked."""
+    if pid is not None and args.perf is not None:
+        with perf_recorded(name, pid, args.perf):
+            yield
+        return
+    if args.profile is None or pid is None:
+        yield
+        return
+    args.profile.mkdir(parents=True, exist_ok=True)
+    out = args.profile / f"{name.replace(' ', '-')}.txt"
+    argv = [str(py_spy()), "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
+    argv += ["--rate", "250", "--output", str(out)]
+    # C and Rust frames too (the server's own, uvloop, hiredis) need each sample taken with the
+    # process paused; Python frames alone are read while it runs.
+    argv.append("--native" if args.native else "--nonblocking")
+    with (args.profile / "py-spy.log").open("a") as log:
+        spy = subprocess.Popen(argv, stdout=log, stderr=log)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+        spy.wait(timeout=30)
 
 
 def _waited_children_cpu() -> float:

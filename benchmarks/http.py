@@ -81,7 +81,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -105,7 +104,8 @@ from benchmarks.harness import (
     fetch_tickets,
     free_port,
     make_crowd,
-    process_tree,
+    profiled,
+    py_spy,
     running,
     seckill_command,
     seckill_settings,
@@ -548,56 +548,6 @@ def timed(
     load.cpu = {proc: s / load.seconds if load.seconds else 0.0 for proc, s in spent.items()}
     print(f"{name}: {load.per_second:,.0f} req/s, p99 {load.p99_ms:.2f} ms", flush=True)
     return load
-
-
-@contextlib.contextmanager
-def perf_recorded(name: str, pid: int, directory: Path) -> Iterator[None]:
-    """``perf record`` of the CPU the server's processes spend (kernel, native code and the
-    interpreter alike) over the block: ``<directory>/<name>.data``, for ``perf report``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    out = directory / f"{name.replace(' ', '-')}.data"
-    pids = ",".join(map(str, process_tree(pid)))
-    argv = ["perf", "record", "-F", "999", "-g", "-p", pids, "-o", str(out)]
-    with (directory / "perf.log").open("a") as log:
-        perf = subprocess.Popen(argv, stdout=log, stderr=log)
-    try:
-        yield
-    finally:
-        perf.send_signal(signal.SIGINT)
-        perf.wait(timeout=60)
-
-
-def py_spy() -> Path | None:
-    """py-spy, on the PATH or beside this Python (installed in its virtualenv)."""
-    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-    return Path(found) if found else None
-
-
-@contextlib.contextmanager
-def profiled(name: str, pid: int | None, args: argparse.Namespace) -> Iterator[None]:
-    """py-spy (``--profile``) or perf (``--perf``) sampling the server, with its worker
-    processes, over the block, if asked."""
-    if pid is not None and args.perf is not None:
-        with perf_recorded(name, pid, args.perf):
-            yield
-        return
-    if args.profile is None or pid is None:
-        yield
-        return
-    args.profile.mkdir(parents=True, exist_ok=True)
-    out = args.profile / f"{name.replace(' ', '-')}.txt"
-    argv = [str(py_spy()), "record", "--pid", str(pid), "--subprocesses", "--format", "raw"]
-    argv += ["--rate", "250", "--output", str(out)]
-    # C and Rust frames too (the server's own, uvloop, hiredis) need each sample taken with the
-    # process paused; Python frames alone are read while it runs.
-    argv.append("--native" if args.native else "--nonblocking")
-    with (args.profile / "py-spy.log").open("a") as log:
-        spy = subprocess.Popen(argv, stdout=log, stderr=log)
-    try:
-        yield
-    finally:
-        spy.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
-        spy.wait(timeout=30)
 
 
 # -- the product ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import socket
@@ -204,6 +205,36 @@ async def test_a_resale_ahead_of_its_release_is_refused_as_ahead_of_the_stream(
     with pytest.raises(AheadOfStream):
         await ledger.apply([resale])
     await ledger.apply([resale, release])  # together, in stream order: fine
+    assert await ledger.stock(item_id) == Stock(total=2, available=0, held=2, sold=0)
+
+
+async def test_a_batch_planned_ahead_writes_at_its_turn_after_the_batch_before(
+    ledger: Ledger,
+) -> None:
+    """The resale is planned in its own transaction while the release is not landed yet: it
+    waits at its turn, the release lands meanwhile (the planning transaction holds nothing it
+    needs), and the resale then finds the units back. Written at once, it would be refused."""
+    if ledger.engine.dialect.name == "sqlite":  # one writer: a planning snapshot goes stale
+        assert not ledger.plans_ahead
+        return
+    assert ledger.plans_ahead
+    item_id = await ledger.create_item(new_item(total=2, limit=2))
+    await ledger.apply([event(EventKind.RESERVED, item_id, 1)])  # alice holds both units
+    release = event(EventKind.RELEASED, item_id, 1, reason=ReleaseReason.CANCELLED)
+    resale = event(EventKind.RESERVED, item_id, 2, buyer="bob")
+    planned, go = asyncio.Event(), asyncio.Event()
+
+    async def turn() -> None:
+        planned.set()
+        await go.wait()
+
+    async with asyncio.timeout(30):
+        ahead = asyncio.create_task(ledger.apply([resale], turn=turn))
+        await planned.wait()
+        assert await ledger.apply([release]) == 1
+        assert [o.status for o in (await ledger.orders(item_id)).values()] == ["released"]
+        go.set()
+        assert await ahead == 1
     assert await ledger.stock(item_id) == Stock(total=2, available=0, held=2, sold=0)
 
 

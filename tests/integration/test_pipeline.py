@@ -86,6 +86,44 @@ async def assert_sql_matches_redis(sale: Sale) -> None:
     assert not failed, failed
 
 
+async def test_each_batch_read_ahead_begins_landing_meanwhile_and_writes_after_the_one_before(
+    engine: RedisEngine, ledger: Ledger, redis: Redis, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Four units sold, released and sold again, three times, read four entries at a time: each
+    batch of resales begins landing (its transaction planned) while the releases before it
+    land, and moves the counters only after them (written at once, SQL would have no unit to
+    sell yet)."""
+    item_id = await ledger.create_item(new_item(total=4, limit=1))
+    await warm_item(engine, ledger, item_id)
+    sale = Sale(engine, ledger, redis, item_id, OrderIds(7))
+    await drain(sale)  # the load: every batch after it is four sales, or their four releases
+    for round_ in range(3):
+        sold = [await sale.buy(f"b{round_}-{n}") for n in range(4)]
+        assert all(sold) and await sale.buy("late") is None
+        for order_id in sold:
+            assert order_id
+            await engine.release(item_id, order_id, ReleaseReason.CANCELLED)
+    turns: list[bool] = []
+    apply = ledger.apply
+
+    async def watched_apply(events: Any, *, turn: Any = None) -> int:
+        turns.append(turn is not None)
+        return await apply(events, turn=turn)
+
+    monkeypatch.setattr(ledger, "apply", watched_apply)
+    persister = sale.persister(batch_size=4)
+    with caplog.at_level("INFO", logger="seckill.workers.persister"):
+        await drain(sale, persister)
+    await assert_sql_matches_redis(sale)
+    assert persister.landed == 24
+    if ledger.plans_ahead:  # the sales of rounds 2 and 3 began while the releases landed
+        assert sum(turns) >= 2
+    else:
+        assert not any(turns)
+    assert not [r for r in caplog.records if "afresh" in r.message or "waits for" in r.message]
+
+
 async def test_2000_reservations_paid_and_released_land_one_to_one(sale: Sale) -> None:
     rng = random.Random(1)
     order_ids = await asyncio.gather(*(sale.buy(f"b{n}", rng.choice((1, 2))) for n in range(2_000)))

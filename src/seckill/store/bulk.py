@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     BigInteger,
@@ -97,6 +97,8 @@ _ADVANCE_FROM_ARRAYS = _advance_from_arrays()
 class Bulk:
     """Any other backend (MySQL): ``IN (...)`` with the ids written out, SQLAlchemy's
     executemany with the column types' own processing, one UPDATE per order moved."""
+
+    single_writer: ClassVar[bool] = False  # one write transaction at a time on the database
 
     def one_of(self, column: ColumnElement[Any]) -> ColumnElement[bool]:
         """``column`` is one of the whole numbers given as parameter ``ids`` when the statement
@@ -213,6 +215,8 @@ class SQLiteBulk(_DriverValues):
     """SQLite through aiosqlite: rows and order moves by the driver's executemany of tuples, times
     as the text SQLAlchemy stores (UTC, to the microsecond). SQLAlchemy's executemany made a dict
     of each row and passed every value through its column's type."""
+
+    single_writer = True
 
     def db_time(self, moment: datetime) -> Any:
         return moment.replace(tzinfo=None).isoformat(" ", timespec="microseconds")

@@ -16,7 +16,7 @@ records its refund owed, once per payment (a few statements, when the batch has 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -32,8 +32,17 @@ from seckill.store.bulk import ORDERS, Bulk, bulk_for
 from seckill.store.tables import Inventory, Item, Order, Refund, StockFlow
 
 
-async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
+async def land_batch(
+    engine: AsyncEngine,
+    events: Sequence[StockEvent],
+    *,
+    turn: Callable[[], Awaitable[None]] | None = None,
+) -> int:
     """Land a batch in one transaction; returns how many events were new.
+
+    ``turn``, when given, is awaited once the batch is planned and before it writes: a batch
+    planned while the one before it lands waits there until that one is done, so each item's
+    counters still move in stream order (see ``plans_ahead``).
 
     Raises BadEvent for an event that contradicts the record (a paid order released, a quantity
     that changed, an item SQL does not know), and lets database errors through: nothing is
@@ -55,8 +64,17 @@ async def land_batch(engine: AsyncEngine, events: Sequence[StockEvent]) -> int:
         plan = _Plan(orders, prices, db_time=bulk.db_time)
         for event in sorted(fresh, key=lambda e: (e.item_id, e.shard, e.position)):
             plan.add(event)
+        if turn is not None:
+            await turn()
         await plan.write(conn, bulk)
         return len(fresh)
+
+
+def plans_ahead(engine: AsyncEngine) -> bool:
+    """Whether a batch may be planned in its own transaction while the batch before it writes.
+    Not on a database with one writer (SQLite): the planning transaction's snapshot would be
+    stale by the time it writes."""
+    return not bulk_for(engine.dialect).single_writer
 
 
 def padded_position(event: StockEvent) -> str:

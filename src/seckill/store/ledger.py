@@ -7,7 +7,7 @@ here reads the record, or repairs it for the reconciler.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from seckill.domain.items import SALE_TERMS, ItemRecord, NewItem, SaleItem, Stoc
 from seckill.domain.orders import OrderStatus
 from seckill.domain.times import datetime_to_ms
 from seckill.store.dead_letters import DeadLetterQueries
-from seckill.store.landing import land_batch
+from seckill.store.landing import land_batch, plans_ahead
 from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
     ItemBook,
@@ -51,15 +51,19 @@ class Ledger(RepairQueries, DeadLetterQueries):
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.payments = Payments(engine)  # refunds owed, archived items' payment notices
+        self.plans_ahead = plans_ahead(engine)  # see ``apply``'s ``turn``
 
-    async def apply(self, events: Sequence[StockEvent]) -> int:
-        """Land a batch in one transaction; returns how many events were new (see ``landing``).
+    async def apply(
+        self, events: Sequence[StockEvent], *, turn: Callable[[], Awaitable[None]] | None = None
+    ) -> int:
+        """Land a batch in one transaction; returns how many events were new (see ``landing``;
+        ``turn``, awaited between planning and writing, is for a batch planned ahead).
 
         Raises BadEvent for an event that contradicts the record (a paid order released, a
         quantity that changed, an item SQL does not know), and lets database errors through:
         nothing is written unless everything is.
         """
-        return await land_batch(self.engine, events)
+        return await land_batch(self.engine, events, turn=turn)
 
     # -- the record: items, counters, orders, dead letters --------------------------------------
 

@@ -4,9 +4,12 @@ One consumer group (``seckill.engine.streams.GROUP``) on every item stream, read
 ``seckill.engine.group_reader`` (discovery, one read per pass over every stream, claiming a dead
 consumer's entries, starting again from its own pending entries after Redis failed, trimming,
 reading ahead through a backlog). Each batch lands in one transaction, then is XACKed, so an
-entry is acknowledged only once it is in SQL; the next batch is read and decoded meanwhile
-(``_decode``). Several persister processes share the group safely: the ledger makes every event
-idempotent and order-independent.
+entry is acknowledged only once it is in SQL. Through a backlog the next batch is read and
+decoded meanwhile, and its landing begins (``_prepare``): its own transaction locks its orders
+and plans its writes, then waits for its turn (``_turn``): the batch before it in SQL, so each
+item's counters move in stream order. A batch naming an order of the one before it begins only
+once that one has landed. Several persister processes share the group safely: the ledger makes
+every event idempotent and order-independent.
 
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
@@ -34,19 +37,28 @@ Failures, by kind:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, cast
 
 from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import ConsumerConfig, Entry, GroupReader, one_pass
+from seckill.engine.group_reader import (
+    BACKLOG_PASS_S,
+    ConsumerConfig,
+    Entry,
+    GroupReader,
+    one_pass,
+)
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
 from seckill.store.database import is_race, is_transient
@@ -103,9 +115,37 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
-        return await one_pass(
-            self._reader, self._land, prepare=_decode, linger_s=self.config.linger_ms / 1000
-        )
+        lots: list[_Lot] = []  # this pass's not landed yet, and the last read
+        try:
+            return await one_pass(
+                self._reader, self._land, prepare=partial(self._prepare, lots),
+                linger_s=self.config.linger_ms / 1000,
+            )  # fmt: skip
+        finally:
+            await _drop_unlanded(lots)
+
+    def _prepare(self, lots: list[_Lot], entries: list[Entry]) -> _Lot:
+        """Each entry's event, and the lot's landing begun at once if the lot before it in the
+        pass (landing meanwhile) names none of its orders: the ``Prepare`` of ``one_pass``."""
+        lot = _decode(entries)
+        before = lots[-1] if lots else None
+        lots[:] = [
+            *(other for other in lots if not other.settled.done()),
+            lot,
+        ]  # let go of the rest
+        if (
+            lot.events
+            and before
+            and self._ledger.plans_ahead
+            and lot.orders.isdisjoint(before.orders)
+        ):
+            # Disjoint, the two transactions lock different orders: neither waits for the other
+            # but on the item's counters, which this one moves only after its turn.
+            events = [event for _, event in lot.events]
+            lot.landing = asyncio.create_task(
+                self._ledger.apply(events, turn=partial(_turn, before.settled))
+            )
+        return lot
 
     async def trim(self) -> None:
         """Drop stream entries every group has acknowledged (see ``GroupReader.trim``)."""
@@ -113,13 +153,22 @@ class Persister:
 
     # -- landing -------------------------------------------------------------------------------
 
-    async def _land(self, lot: _Decoded) -> int:
-        decoded, undecodable = lot
-        for entry, error in undecodable:
-            await self._failed(entry, error)
+    async def _land(self, lot: _Lot) -> int:
+        decoded = lot.events
+        started = time.monotonic()
+        try:
+            landed = await self._land_begun(lot.landing, decoded) if lot.landing else None
+            for entry, error in lot.undecodable:
+                await self._failed(entry, error)
+            if landed is None:
+                landed = await self._apply(decoded)
+        except BaseException:
+            lot.settled.set_result(False)
+            raise
+        # In SQL: the lot after it may write now, unless this one stalled (see ``_turn``).
+        lot.settled.set_result(time.monotonic() - started <= BACKLOG_PASS_S)
         if not decoded:
             return 0
-        landed = await self._apply(decoded)
         await self._reader.ack(landed)
         self.landed += len(landed)
         if landed:
@@ -127,6 +176,23 @@ class Persister:
             metrics.PERSISTER_ROWS.inc(len(landed))
         _log_new_orders(decoded, landed)
         return len(landed)
+
+    async def _land_begun(
+        self, landing: asyncio.Task[int], batch: Sequence[tuple[Entry, StockEvent]]
+    ) -> list[Entry] | None:
+        """The landing begun ahead, finished; returns its entries, or None if it did not land
+        (``_apply`` then tries it afresh, with every rule of failure)."""
+        try:
+            async with asyncio.timeout(self.config.apply_timeout_s):
+                await landing
+        except Exception as exc:  # a key another persister took, the database gone, ...
+            if is_race(exc):
+                self.races += 1
+            (_RACES if is_race(exc) else _FAILURES).inc()
+            log.info("a batch begun ahead did not land (%s); landing it afresh", exc)
+            return None
+        _COMMITS.inc()
+        return [entry for entry, _ in batch]
 
     async def _apply(self, batch: Sequence[tuple[Entry, StockEvent]]) -> list[Entry]:
         """Land what can land; returns those entries. Splits around entries that cannot."""
@@ -226,24 +292,66 @@ class Persister:
         log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
 
 
-class _Decoded(NamedTuple):
-    """A lot of entries as read: the events decoded, and the entries that are none (with why)."""
+@dataclass(slots=True)
+class _Lot:
+    """A lot of entries as read: the events decoded, the entries that are none (with why), and
+    where its landing stands."""
 
-    events: list[tuple[Entry, StockEvent]]
-    undecodable: list[tuple[Entry, str]]
+    events: list[tuple[Entry, StockEvent]] = field(default_factory=list)
+    undecodable: list[tuple[Entry, str]] = field(default_factory=list)
+    orders: set[int] = field(default_factory=set)  # the orders its events name
+    # Its landing is over: True lets the lot after it write, False (it stalled) stops that one.
+    settled: asyncio.Future[bool] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    # Its landing, begun while the lot before it landed (its transaction waits at ``_turn``).
+    landing: asyncio.Task[int] | None = None
 
 
-def _decode(entries: list[Entry]) -> _Decoded:
-    """Each entry's event: the persister's ``Prepare``, done while the lot before is landing."""
-    lot = _Decoded([], [])
+def _decode(entries: list[Entry]) -> _Lot:
+    """Each entry's event."""
+    lot = _Lot()
     for entry in entries:
         try:
-            lot.events.append(
-                (entry, decode_event(entry.entry_id, entry.fields, shard=entry.keys.shard))
-            )
+            event = decode_event(entry.entry_id, entry.fields, shard=entry.keys.shard)
         except BadEvent as exc:
             lot.undecodable.append((entry, str(exc)))
+            continue
+        lot.events.append((entry, event))
+        if event.order_id is not None:
+            lot.orders.add(event.order_id)
     return lot
+
+
+# A lot begun ahead waits at most this long for its turn: by then the pass has dropped it (the
+# lot before stalled), and its transaction should not keep its orders locked.
+TURN_WAIT_S = 2 * BACKLOG_PASS_S
+
+
+class _Stalled(Exception):
+    """The lot before stalled: the pass drops this one, read too long ago (Redis may have lost
+    its entries since), so it does not write."""
+
+
+async def _turn(before: asyncio.Future[bool]) -> None:
+    """A lot begun ahead may write once the lot before it has landed, and if that one did not
+    stall. Its transaction has planned every write by then."""
+    async with asyncio.timeout(TURN_WAIT_S):
+        if not await asyncio.shield(before):
+            raise _Stalled
+
+
+async def _drop_unlanded(lots: Sequence[_Lot]) -> None:
+    """A lot of the pass that was not landed (read ahead of a lot that failed or stalled): its
+    landing begun ahead stops, its transaction rolls back, its entries stay pending."""
+    for lot in lots:
+        if lot.settled.done():
+            continue
+        lot.settled.set_result(False)
+        if lot.landing is not None:
+            lot.landing.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await lot.landing
 
 
 # Orders named per landing line: a lot's line split so that no line outgrows what log shippers
