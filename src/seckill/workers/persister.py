@@ -115,7 +115,7 @@ class Persister:
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
-        lots: list[_Lot] = []  # this pass's not landed yet, and the last read
+        lots: list[_Lot] = []  # this pass's not landed yet, and the last one read
         try:
             return await one_pass(
                 self._reader, self._land, prepare=partial(self._prepare, lots),
@@ -129,10 +129,9 @@ class Persister:
         pass (landing meanwhile) names none of its orders: the ``Prepare`` of ``one_pass``."""
         lot = _decode(entries)
         before = lots[-1] if lots else None
-        lots[:] = [
-            *(other for other in lots if not other.settled.done()),
-            lot,
-        ]  # let go of the rest
+        # Kept: the lots the pass may have to drop (not landed), and this one.
+        lots[:] = [other for other in lots if not other.settled.done()]
+        lots.append(lot)
         if (
             lot.events
             and before
