@@ -33,13 +33,14 @@ from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
 from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.observability import metrics
+from seckill.redis_cluster import LocalCluster
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
 from seckill.services.reconcile.drift import Drift
 from seckill.store.ledger import Ledger
 from tests.api.conftest import JWT_SECRET, PAYMENT_SECRET, Answer, Api, api_settings, running_api
 from tests.api.test_admission import call, status
-from tests.conftest import RedisTarget, redis_settings
+from tests.conftest import RedisTarget, redis7_binary, redis_settings
 
 single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
@@ -408,3 +409,18 @@ async def test_any_api_process_shows_the_sum_of_every_process(
         assert str(reaper.pid) in pids and len(pids) >= 2, sorted(pids)
     for log in ("api.log", "reaper.log"):
         assert "Traceback" not in (tmp_path / log).read_text(), log
+
+
+@single_redis
+async def test_a_scrape_answers_while_the_whole_cluster_is_down(
+    ledger: Ledger, sql_url: str, tmp_path: Path
+) -> None:
+    """A scrape still answers, as with one Redis down (a cluster client that finds no node to
+    learn the slots from raises RedisClusterException, which is no RedisError)."""
+    with LocalCluster(masters=3, replicas=0, binary=redis7_binary()) as cluster:
+        settings = api_settings(**redis_settings(cluster), database_url=sql_url, data_dir=tmp_path)
+        async with running_api(settings) as api:
+            await scrape(api)  # the gauges read once, the cluster's slots known
+            for node in cluster.nodes:
+                node.kill()
+            await scrape(api)

@@ -12,7 +12,7 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seckill.api.context import context
@@ -35,7 +35,8 @@ async def scrape(ctx: Annotated[Context, Depends(context)]) -> Response:
     """Every metric in Prometheus's text format, the stream gauges read from Redis now."""
     try:
         await refresh_stream_gauges(ctx.runtime.engine)
-    except RedisError as exc:  # the rest is still worth a scrape; the stream gauges keep their last
+    except (RedisError, RedisClusterException) as exc:  # the latter: no cluster node answers
+        # The rest is still worth a scrape; the stream gauges keep their last values.
         log.warning("stream gauges not refreshed: %s", exc)
     return Response(metrics.exposition(), media_type=metrics.EXPOSITION_CONTENT_TYPE)
 
