@@ -208,12 +208,13 @@ async def test_a_resale_ahead_of_its_release_is_refused_as_ahead_of_the_stream(
     assert await ledger.stock(item_id) == Stock(total=2, available=0, held=2, sold=0)
 
 
-async def test_a_batch_planned_ahead_writes_at_its_turn_after_the_batch_before(
+async def test_a_batch_landed_ahead_moves_the_counters_at_its_turn_after_the_batch_before(
     ledger: Ledger,
 ) -> None:
-    """The resale is planned in its own transaction while the release is not landed yet: it
-    waits at its turn, the release lands meanwhile (the planning transaction holds nothing it
-    needs), and the resale then finds the units back. Written at once, it would be refused."""
+    """The resale is planned and its rows written in its own transaction while the release is
+    not landed yet: it waits at its turn, the release lands meanwhile (the resale's transaction
+    holds nothing it needs: its own rows, not the counters), and the resale then finds the
+    units back. Moving the counters at once, it would be refused."""
     if ledger.engine.dialect.name == "sqlite":  # one writer: a planning snapshot goes stale
         assert not ledger.plans_ahead
         return

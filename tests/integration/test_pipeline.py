@@ -88,14 +88,14 @@ async def assert_sql_matches_redis(sale: Sale) -> None:
     assert not failed, failed
 
 
-async def test_each_batch_read_ahead_begins_landing_meanwhile_and_writes_after_the_one_before(
+async def test_a_batch_read_ahead_lands_meanwhile_and_moves_the_counters_after_the_one_before(
     engine: RedisEngine, ledger: Ledger, redis: Redis, monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     """Four units sold, released and sold again, three times, read four entries at a time: each
-    batch of resales begins landing (its transaction planned) while the releases before it
-    land, and moves the counters only after them (written at once, SQL would have no unit to
-    sell yet)."""
+    batch of resales begins landing (its transaction planned, its rows written) while the
+    releases before it land, and moves the counters only after them (moved at once, SQL would
+    have no unit to sell yet)."""
     item_id = await ledger.create_item(new_item(total=4, limit=1))
     await warm_item(engine, ledger, item_id)
     sale = Sale(engine, ledger, redis, item_id, OrderIds(7))
@@ -126,12 +126,12 @@ async def test_each_batch_read_ahead_begins_landing_meanwhile_and_writes_after_t
     assert not [r for r in caplog.records if "afresh" in r.message or "waits for" in r.message]
 
 
-async def test_a_batch_begun_ahead_of_a_batch_that_stalled_does_not_write(
+async def test_a_batch_begun_ahead_of_a_batch_that_stalled_rolls_back(
     engine: RedisEngine, ledger: Ledger, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first batch's stock update waits 1.5 s on a lock held here (a database that stalls):
-    the batch read ahead meanwhile has planned its writes but gives them up (read that long ago,
-    Redis may have lost it since); it is read again and lands on the next pass."""
+    the batch read ahead meanwhile has written its rows but rolls them back at its turn (read
+    that long ago, Redis may have lost it since); it is read again and lands on the next pass."""
     if not ledger.plans_ahead:
         return  # one writer: nothing begins ahead (see the test above)
     item_id = await ledger.create_item(new_item(total=8, limit=1))

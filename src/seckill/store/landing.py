@@ -40,9 +40,10 @@ async def land_batch(
 ) -> int:
     """Land a batch in one transaction; returns how many events were new.
 
-    ``turn``, when given, is awaited once the batch is planned and before it writes: a batch
-    planned while the one before it lands waits there until that one is done, so each item's
-    counters still move in stream order (see ``plans_ahead``).
+    ``turn``, when given, is awaited once the batch has written its rows and before it moves
+    any item's counters: a batch landed while the one before it lands writes its journal and
+    orders meanwhile, then waits there until that one is done, so each item's counters still
+    move in stream order (see ``plans_ahead``).
 
     Raises BadEvent for an event that contradicts the record (a paid order released, a quantity
     that changed, an item SQL does not know), and lets database errors through: nothing is
@@ -64,16 +65,14 @@ async def land_batch(
         plan = _Plan(orders, prices, db_time=bulk.db_time)
         for event in sorted(fresh, key=lambda e: (e.item_id, e.shard, e.position)):
             plan.add(event)
-        if turn is not None:
-            await turn()
-        await plan.write(conn, bulk)
+        await plan.write(conn, bulk, turn=turn)
         return len(fresh)
 
 
 def plans_ahead(engine: AsyncEngine) -> bool:
-    """Whether a batch may be planned in its own transaction while the batch before it writes.
-    Not on a database with one writer (SQLite): the planning transaction's snapshot would be
-    stale by the time it writes."""
+    """Whether a batch may be planned and written in its own transaction while the batch before
+    it lands. Not on a database with one writer (SQLite): the planning transaction's snapshot
+    would be stale by the time it writes."""
     return not bulk_for(engine.dialect).single_writer
 
 
@@ -343,7 +342,15 @@ class _Plan:
             for order_id, o in sorted(self.born.items())
         ]  # fmt: skip
 
-    async def write(self, conn: AsyncConnection, bulk: Bulk) -> None:
+    async def write(
+        self,
+        conn: AsyncConnection,
+        bulk: Bulk,
+        *,
+        turn: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Every row, then (after ``turn``) the counters: the rows are the batch's own (its
+        orders, locked or new; its journal entries), the counters every batch's."""
         await bulk.insert(conn, _STOCK_FLOW, _JOURNAL_COLUMNS, self.journal)
         if self.born:
             await bulk.insert(conn, ORDERS, _ORDER_COLUMNS, self.order_rows())
@@ -358,6 +365,8 @@ class _Plan:
                 )
         if self.refunds:
             await _owe_refunds(conn, list(self.refunds.values()))
+        if turn is not None:
+            await turn()
         for item_id, (available, held, sold) in self.stock.items():
             if available or held or sold:
                 await _move_stock(conn, item_id, available, held, sold)

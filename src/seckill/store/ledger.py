@@ -57,7 +57,7 @@ class Ledger(RepairQueries, DeadLetterQueries):
         self, events: Sequence[StockEvent], *, turn: Callable[[], Awaitable[None]] | None = None
     ) -> int:
         """Land a batch in one transaction; returns how many events were new (see ``landing``;
-        ``turn``, awaited between planning and writing, is for a batch planned ahead).
+        ``turn``, awaited between its rows and its counters, is for a batch landed ahead).
 
         Raises BadEvent for an event that contradicts the record (a paid order released, a
         quantity that changed, an item SQL does not know), and lets database errors through:

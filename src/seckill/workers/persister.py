@@ -5,9 +5,9 @@ One consumer group (``seckill.engine.streams.GROUP``) on every item stream, read
 consumer's entries, starting again from its own pending entries after Redis failed, trimming,
 reading ahead through a backlog). Each batch lands in one transaction, then is XACKed, so an
 entry is acknowledged only once it is in SQL. Through a backlog the next batch is read and
-decoded meanwhile, and its landing begins (``_prepare``): its own transaction locks its orders
-and plans its writes, then waits for its turn (``_turn``): the batch before it in SQL, so each
-item's counters move in stream order. A batch naming an order of the one before it begins only
+decoded meanwhile, and its landing begins (``_prepare``): its own transaction locks its orders,
+plans and writes its rows, then waits for its turn (``_turn``): the batch before it in SQL, so
+each item's counters move in stream order. A batch naming an order of the one before it begins only
 once that one has landed. Several persister processes share the group safely: the ledger makes
 every event idempotent and order-independent.
 
@@ -164,7 +164,7 @@ class Persister:
         except BaseException:
             lot.settled.set_result(False)
             raise
-        # In SQL: the lot after it may write now, unless this one stalled (see ``_turn``).
+        # In SQL: the lot after it may move the counters now, unless this one stalled (``_turn``).
         lot.settled.set_result(time.monotonic() - started <= BACKLOG_PASS_S)
         if not decoded:
             return 0
@@ -323,18 +323,18 @@ def _decode(entries: list[Entry]) -> _Lot:
 
 
 # A lot begun ahead waits at most this long for its turn: by then the pass has dropped it (the
-# lot before stalled), and its transaction should not keep its orders locked.
+# lot before stalled), and its transaction should not keep its rows locked.
 TURN_WAIT_S = 2 * BACKLOG_PASS_S
 
 
 class _Stalled(Exception):
     """The lot before stalled: the pass drops this one, read too long ago (Redis may have lost
-    its entries since), so it does not write."""
+    its entries since), so its transaction rolls back."""
 
 
 async def _turn(before: asyncio.Future[bool]) -> None:
-    """A lot begun ahead may write once the lot before it has landed, and if that one did not
-    stall. Its transaction has planned every write by then."""
+    """A lot begun ahead may move the counters once the lot before it has landed, and if that
+    one did not stall. Its transaction has written its own rows by then."""
     async with asyncio.timeout(TURN_WAIT_S):
         if not await asyncio.shield(before):
             raise _Stalled
