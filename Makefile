@@ -26,13 +26,10 @@ lint: $(STAMP)
 system-deps:
 	scripts/system-deps
 
-# Two test processes per core (each starts its own Redis servers and SQL databases): most of the
-# suite's time is spent waiting (holds running out, servers starting, faults healing), so on 2
-# cores four processes ran it in 9:41 against two's 15:49. A module's tests stay together, in
-# order, and share its servers.
-TEST_WORKERS ?= $(shell $(PYTHON) -c 'import os; print(2 * (os.cpu_count() or 1))')
+# One test process per core (each starts its own Redis servers and SQL databases); a module's
+# tests stay together, in order, and share its servers.
 test: system-deps lint
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -n auto --dist loadscope --durations=15 $(PYTEST_ARGS)
 
 # The image's locks (deploy/): pyproject's runtime dependencies (requirements.lock) and its build
 # backend (build.lock), pinned with hashes for CPython 3.11 on Linux; the aarch64 resolution must
