@@ -7,9 +7,9 @@ reading ahead through a backlog). Each batch lands in one transaction, then is X
 entry is acknowledged only once it is in SQL. Through a backlog the next batch is read and
 decoded meanwhile, and its landing begins (``_prepare``): its own transaction locks its orders,
 plans and writes its rows, then waits for its turn (``_turn``): the batch before it in SQL, so
-each item's counters move in stream order. A batch naming an order of the one before it begins only
-once that one has landed. Several persister processes share the group safely: the ledger makes
-every event idempotent and order-independent.
+each item's counters move in stream order. A batch naming an order of the one before it begins
+only once that one has landed. Several persister processes share the group safely: the ledger
+makes every event idempotent and order-independent.
 
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
