@@ -12,13 +12,13 @@ import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
-from redis.exceptions import RedisClusterException, RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from seckill.api.context import context
 from seckill.api.paths import PURCHASE_PATH, PURCHASE_ROUTE
 from seckill.bootstrap.services import Context
 from seckill.domain.outcomes import Outcome
+from seckill.engine.cluster import REDIS_FAILED
 from seckill.engine.streams import refresh_stream_gauges
 from seckill.observability import metrics
 
@@ -35,8 +35,7 @@ async def scrape(ctx: Annotated[Context, Depends(context)]) -> Response:
     """Every metric in Prometheus's text format, the stream gauges read from Redis now."""
     try:
         await refresh_stream_gauges(ctx.runtime.engine)
-    except (RedisError, RedisClusterException) as exc:  # the latter: no cluster node answers
-        # The rest is still worth a scrape; the stream gauges keep their last values.
+    except REDIS_FAILED as exc:  # the rest is still worth a scrape; the gauges keep their last
         log.warning("stream gauges not refreshed: %s", exc)
     return Response(metrics.exposition(), media_type=metrics.EXPOSITION_CONTENT_TYPE)
 

@@ -28,6 +28,7 @@ from redis.exceptions import (
     ClusterDownError,
     MovedError,
     RedisClusterException,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -53,6 +54,10 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
 )  # fmt: skip
 """Every error that means "this Redis (or this slot's node) did not answer": one Redis down, or
 one node of a cluster, where the others still answer."""
+
+REDIS_FAILED: tuple[type[Exception], ...] = (RedisError, RedisClusterException)
+"""Anything a Redis call may fail with, for work that goes on without it: redis-py's errors, and
+the cluster client's RedisClusterException (no node to learn the slots from), which is none."""
 
 # A slot map read again at most this often after a node failed: a down primary fails its calls
 # at once, and its replica's promotion is seen within this long of the next call.

@@ -37,11 +37,9 @@ from datetime import datetime
 from functools import partial
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from redis.exceptions import RedisError
-
 from seckill.domain.items import ItemRecord
 from seckill.domain.times import datetime_to_ms
-from seckill.engine.cluster import RedisClient
+from seckill.engine.cluster import REDIS_FAILED, RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import item_card_key, item_card_lock_key
 from seckill.engine.leases import Lease
@@ -364,7 +362,7 @@ class ItemCache:
     async def _unlock(self, lock: Lease) -> None:
         try:
             await lock.drop()
-        except RedisError as exc:  # it lapses by itself after lock_ms
+        except REDIS_FAILED as exc:  # it lapses by itself after lock_ms
             log.warning("could not release %s: %s", lock.key, exc)
 
     # -- writing ---------------------------------------------------------------------------------
