@@ -31,12 +31,16 @@ from seckill.domain.times import ms_to_datetime
 from seckill.store.bulk import ORDERS, Bulk, bulk_for
 from seckill.store.tables import Inventory, Item, Order, Refund, StockFlow
 
+Turn = Callable[[], Awaitable[None]]
+"""Awaited by a batch landed ahead between its rows and its counters: until the batch before it
+is in SQL (see ``land_batch``)."""
+
 
 async def land_batch(
     engine: AsyncEngine,
     events: Sequence[StockEvent],
     *,
-    turn: Callable[[], Awaitable[None]] | None = None,
+    turn: Turn | None = None,
 ) -> int:
     """Land a batch in one transaction; returns how many events were new.
 
@@ -347,7 +351,7 @@ class _Plan:
         conn: AsyncConnection,
         bulk: Bulk,
         *,
-        turn: Callable[[], Awaitable[None]] | None = None,
+        turn: Turn | None = None,
     ) -> None:
         """Every row, then (after ``turn``) the counters: the rows are the batch's own (its
         orders, locked or new; its journal entries), the counters every batch's."""

@@ -7,7 +7,7 @@ here reads the record, or repairs it for the reconciler.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,7 +19,7 @@ from seckill.domain.items import SALE_TERMS, ItemRecord, NewItem, SaleItem, Stoc
 from seckill.domain.orders import OrderStatus
 from seckill.domain.times import datetime_to_ms
 from seckill.store.dead_letters import DeadLetterQueries
-from seckill.store.landing import land_batch, plans_ahead
+from seckill.store.landing import Turn, land_batch, plans_ahead
 from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
     ItemBook,
@@ -53,9 +53,7 @@ class Ledger(RepairQueries, DeadLetterQueries):
         self.payments = Payments(engine)  # refunds owed, archived items' payment notices
         self.plans_ahead = plans_ahead(engine)  # see ``apply``'s ``turn``
 
-    async def apply(
-        self, events: Sequence[StockEvent], *, turn: Callable[[], Awaitable[None]] | None = None
-    ) -> int:
+    async def apply(self, events: Sequence[StockEvent], *, turn: Turn | None = None) -> int:
         """Land a batch in one transaction; returns how many events were new (see ``landing``;
         ``turn``, awaited between its rows and its counters, is for a batch landed ahead).
 
