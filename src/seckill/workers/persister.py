@@ -342,15 +342,24 @@ async def _turn(before: asyncio.Future[bool]) -> None:
 
 async def _drop_unlanded(lots: Sequence[_Lot]) -> None:
     """A lot of the pass that was not landed (read ahead of a lot that failed or stalled): its
-    landing begun ahead stops, its transaction rolls back, its entries stay pending."""
-    for lot in lots:
-        if lot.settled.done():
-            continue
+    landing begun ahead stops, its transaction rolls back, its entries stay pending.
+
+    Marked not landed, each lot stops the next at its turn, so a landing begun ahead rolls back
+    by itself; it is cancelled, in the middle of whatever its database was doing, only if that
+    database does not answer meanwhile."""
+    unlanded = [lot for lot in lots if not lot.settled.done()]
+    for lot in unlanded:
         lot.settled.set_result(False)
-        if lot.landing is not None:
-            lot.landing.cancel()
+    landings = [lot.landing for lot in unlanded if lot.landing is not None]
+    if not landings:
+        return
+    try:
+        await asyncio.wait(landings, timeout=TURN_WAIT_S)
+    finally:
+        for landing in landings:
+            landing.cancel()  # the hung ones; an ended landing ignores it
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await lot.landing
+                await landing
 
 
 # Orders named per landing line: a lot's line split so that no line outgrows what log shippers
