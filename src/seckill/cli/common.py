@@ -96,18 +96,34 @@ def abort(message: object, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
-    """Run ``work`` with everything wired from the settings; a refusal is a clear error."""
+def with_runtime(work: Callable[[Runtime], Awaitable[T]], *, sql: bool = True) -> T:
+    """Run ``work`` with everything wired from the settings. A refusal, a server that does not
+    answer and a schema that is not current are each a clear error, exit 2; the schema is not
+    asked for by work that reads and writes Redis alone (``sql=False``)."""
+    from sqlalchemy.exc import DBAPIError
+
     from seckill.bootstrap.runtime import open_runtime
     from seckill.config import ConfigurationError
     from seckill.domain.outcomes import InvalidRequest
+    from seckill.engine.cluster import REDIS_UNAVAILABLE
     from seckill.services.items import UnknownItem
+    from seckill.store.database import is_transient
+    from seckill.store.migrate import schema_problem
 
     async def main() -> T:
         async with open_runtime(current_settings()) as runtime:
+            if sql and (problem := await schema_problem(runtime.ledger.engine)):
+                abort(problem)
             return await work(runtime)
 
     try:
         return asyncio.run(main())
     except (InvalidRequest, UnknownItem, ConfigurationError) as exc:
         abort(exc)
+    except REDIS_UNAVAILABLE as exc:
+        abort(f"Redis did not answer: {exc}")
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        cause = exc.orig if isinstance(exc, DBAPIError) else exc
+        abort(f"the database did not answer: {cause or type(cause).__name__}")

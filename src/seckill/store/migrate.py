@@ -6,6 +6,9 @@ from importlib.resources import files
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,3 +29,30 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
 
     async with engine.begin() as connection:
         await connection.run_sync(run)
+
+
+async def schema_problem(engine: AsyncEngine) -> str | None:
+    """Why the database's schema cannot serve this code, None when it can: it has none, or an
+    older revision. A revision this code does not know is newer (another deployment migrated
+    first; migrations add before they take away) and serves."""
+
+    def current(connection: Connection) -> tuple[str, ...]:
+        return MigrationContext.configure(connection).get_current_heads()
+
+    async with engine.connect() as connection:
+        heads = await connection.run_sync(current)
+    scripts = ScriptDirectory.from_config(alembic_config())
+    newest = scripts.get_current_head()
+    if not heads:
+        return f"the database has no schema: run `seckill db upgrade` (revision {newest})"
+    try:
+        for head in heads:
+            scripts.get_revision(head)
+    except CommandError:
+        return None
+    if newest in heads:
+        return None
+    return (
+        f"the database's schema is at revision {', '.join(heads)}, older than this code's "
+        f"{newest}: run `seckill db upgrade`"
+    )
