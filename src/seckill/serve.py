@@ -224,13 +224,12 @@ def run_api_processes(settings: Settings, processes: int) -> None:
     The socket is bound here, once, and handed to each process (uvicorn's supervisor spawns
     them, restarts one that dies and stops them all on a signal). Each process opens its own
     runtime: its own connections and its own leased order-id worker id. They must share one
-    Redis, so an embedded one is refused (``seckill serve`` runs that); the embedded SQLite
-    file is upgraded once here, before any process opens it. SIGTERM drains first (see the
+    Redis, so an embedded one is refused (``seckill serve`` runs that); the schema is prepared
+    once here, before any process opens the database. SIGTERM drains first (see the
     module's docstring).
     """
     _require_shared_redis(settings)
-    if settings.database_url_is_default:
-        uvloop.run(_upgrade_embedded_database(settings))
+    uvloop.run(_prepare_schema(settings))
     sock = listening_socket(settings.api_host, settings.api_port)
     config = uvicorn.Config(
         "seckill.api.app:app_from_environment",
@@ -262,8 +261,7 @@ def run_api_granian(settings: Settings, processes: int) -> None:
     """
     if processes > 1:
         _require_shared_redis(settings)
-    if settings.database_url_is_default:
-        uvloop.run(_upgrade_embedded_database(settings))
+    uvloop.run(_prepare_schema(settings))
     host, port = _bindable(settings.api_host, settings.api_port)
     server = granian_server(
         "seckill.api.app:app_from_environment", factory=True, host=host, port=port,
@@ -348,13 +346,17 @@ def _require_shared_redis(settings: Settings) -> None:
         )
 
 
-async def _upgrade_embedded_database(settings: Settings) -> None:
+async def _prepare_schema(settings: Settings) -> None:
+    """``prepare_schema`` once, before any process opens the database: the embedded SQLite file
+    upgraded, another database's schema checked (a refusal stops the supervisor, not each of
+    its workers in turn)."""
+    from seckill.bootstrap.runtime import prepare_schema
     from seckill.store.database import open_database
-    from seckill.store.migrate import upgrade
+    from seckill.tls import database_ssl_context
 
-    database = open_database(settings.effective_database_url)
+    database = open_database(settings.effective_database_url, tls=database_ssl_context(settings))
     try:
-        await upgrade(database)
+        await prepare_schema(database, embedded=settings.database_url_is_default)
     finally:
         await database.dispose()
 

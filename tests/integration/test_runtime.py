@@ -11,13 +11,16 @@ import redis as sync_redis
 from redis.asyncio import Redis
 
 from seckill.bootstrap.runtime import open_runtime
-from seckill.config import Settings
+from seckill.config import ConfigurationError, Settings
 from seckill.domain.ids import MAX_WORKER_ID, WorkerIdLost
 from seckill.domain.outcomes import Outcome
 from seckill.engine.keys import DEFAULT_PREFIX, worker_id_key
 from seckill.engine.scripts import Scripts
 from seckill.engine.worker_ids import NoFreeWorkerId, WorkerIdLease
 from seckill.redis_server import RedisServer, RedisServerError, bundled_redis_server, server_version
+from seckill.store.database import open_database
+from seckill.store.migrate import upgrade
+from tests.brokers import free_port
 from tests.conftest import RedisTarget, client_of, open_item, redis_settings
 
 on_a_cluster_too = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
@@ -78,6 +81,38 @@ async def test_a_configured_redis_url_starts_nothing(
         assert runtime.order_ids.worker_id == 9
         assert await runtime.engine.load_item(open_item(item_id=77)) is Outcome.LOADED
     assert not (tmp_path / "redis").exists()
+
+
+async def test_a_database_with_an_older_schema_stops_the_start_and_one_away_does_not(
+    redis_server: RedisTarget, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any process (the API, a worker, a command) refuses a database that answers with no
+    schema or an older one, and starts when it does not answer: a sale goes on through an SQL
+    outage, its schema checked by the next process that starts."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'shop.db'}"
+    settings = Settings(data_dir=tmp_path, **redis_settings(redis_server), database_url=url)
+    with pytest.raises(ConfigurationError, match="has no schema: run `seckill db upgrade`"):
+        async with open_runtime(settings):
+            pass
+    database = open_database(url)
+    try:
+        await upgrade(database, "0005")
+        with pytest.raises(ConfigurationError, match="at revision 0005, older than"):
+            async with open_runtime(settings):
+                pass
+        await upgrade(database)
+    finally:
+        await database.dispose()
+    async with open_runtime(settings) as runtime:
+        assert await runtime.ledger.items() == []
+
+    away = settings.model_copy(
+        update={"database_url": f"postgresql+asyncpg://seckill@127.0.0.1:{free_port()}/shop"}
+    )
+    with caplog.at_level("WARNING", logger="seckill.bootstrap.runtime"):
+        async with open_runtime(away) as runtime:
+            assert await runtime.engine.load_item(open_item(item_id=78)) is Outcome.LOADED
+    assert "the database did not answer at start" in caplog.text
 
 
 @on_a_cluster_too

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from redis.asyncio.cluster import RedisCluster
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from seckill.config import Settings
+from seckill.config import ConfigurationError, Settings
 from seckill.domain.ids import OrderIds
 from seckill.engine.base import Clock, RateLimit
 from seckill.engine.cluster import ClusterNodes, ClusterPipeliner, RedisClient, connect
@@ -20,10 +22,16 @@ from seckill.engine.pipelining import Pipeliner
 from seckill.engine.scripts import Durability, Scripts
 from seckill.engine.worker_ids import leased_order_ids
 from seckill.redis_server import RedisServer
-from seckill.store.database import open_database
+from seckill.store.database import is_transient, open_database
 from seckill.store.ledger import Ledger
-from seckill.store.migrate import upgrade
+from seckill.store.migrate import schema_problem, upgrade
 from seckill.tls import database_ssl_context, redis_ssl_options
+
+log = logging.getLogger(__name__)
+
+# How long a process's start waits for the database to name its schema: one that does not
+# answer by then (the outage a sale goes on through) lets the process start unchecked.
+SCHEMA_CHECK_S = 3.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,8 +115,7 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             **pools,
         )
         stack.push_async_callback(bounded.dispose)
-        if settings.database_url_is_default:
-            await upgrade(database)  # the embedded SQLite file is ours to keep current
+        await prepare_schema(database, embedded=settings.database_url_is_default)
         engine = RedisEngine(
             redis,
             scripts=scripts,
@@ -128,6 +135,31 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             request_ledger=Ledger(bounded),
             embedded_redis=embedded,
         )
+
+
+async def prepare_schema(database: AsyncEngine, *, embedded: bool) -> None:
+    """The embedded SQLite file upgraded: it is ours to keep current. Any other database is the
+    operator's (``seckill db upgrade``, once per release): one that answers with no schema or an
+    older one stops the process with ``ConfigurationError``, before it writes what that schema
+    cannot take."""
+    if embedded:
+        await upgrade(database)
+        return
+    try:
+        async with asyncio.timeout(SCHEMA_CHECK_S):
+            problem = await schema_problem(database)
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        log.warning("the database did not answer at start (%r): its schema is not checked", exc)
+        return
+    finally:
+        # Its connection closed now, while the database answers: left in the pool, an API
+        # (whose requests use a pool of their own) would close it only at exit, and wait there
+        # on a database gone silent since.
+        await database.dispose()
+    if problem:
+        raise ConfigurationError(problem)
 
 
 # A worker process collects the youngest generation every WORKER_GEN0_THRESHOLD allocations of

@@ -96,10 +96,10 @@ def abort(message: object, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def with_runtime(work: Callable[[Runtime], Awaitable[T]], *, sql: bool = True) -> T:
-    """Run ``work`` with everything wired from the settings. A refusal, a server that does not
-    answer and a schema that is not current are each a clear error, exit 2; the schema is not
-    asked for by work that reads and writes Redis alone (``sql=False``)."""
+def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
+    """Run ``work`` with everything wired from the settings. A refusal, a schema that is not
+    current (see ``prepare_schema``) and a server that does not answer are each a clear error,
+    exit 2."""
     from sqlalchemy.exc import DBAPIError
 
     from seckill.bootstrap.runtime import open_runtime
@@ -108,12 +108,9 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]], *, sql: bool = True) -
     from seckill.engine.cluster import REDIS_UNAVAILABLE
     from seckill.services.items import UnknownItem
     from seckill.store.database import is_transient
-    from seckill.store.migrate import schema_problem
 
     async def main() -> T:
         async with open_runtime(current_settings()) as runtime:
-            if sql and (problem := await schema_problem(runtime.ledger.engine)):
-                abort(problem)
             return await work(runtime)
 
     try:

@@ -380,7 +380,7 @@ def groups_list() -> None:
     """The registered groups: each is made on every item stream, and trimming waits for it."""
     from seckill.services.stream_groups import list_groups
 
-    groups = with_runtime(lambda rt: list_groups(rt.engine), sql=False)
+    groups = with_runtime(lambda rt: list_groups(rt.engine))
     for group in groups:
         console.print(group, markup=False)
     if not groups:  # a reader registers its group as it starts
@@ -396,7 +396,7 @@ def groups_retire(
     a running one registers it again."""
     from seckill.services.stream_groups import retire
 
-    left = with_runtime(lambda rt: retire(rt.engine, group), sql=False)
+    left = with_runtime(lambda rt: retire(rt.engine, group))
     console.print(f"{group} retired: it left {left} item streams", markup=False)
 
 

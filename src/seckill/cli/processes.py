@@ -29,11 +29,12 @@ worker_commands = typer.Typer(help="Background workers.", no_args_is_help=True)
 def _run(settings: Settings, *, api: bool, workers: Iterable[str], **options: Any) -> None:
     """Run the API and/or workers on one event loop until SIGTERM (after ``_start_process``)."""
     from seckill.bootstrap.workers import WorkerKind
+    from seckill.config import ConfigurationError
     from seckill.serve import run_blocking
 
     try:
         run_blocking(settings, api=api, workers=[WorkerKind(w) for w in workers], **options)
-    except OSError as exc:
+    except (OSError, ConfigurationError) as exc:
         abort(exc)
 
 
