@@ -1,6 +1,6 @@
 """A command that cannot do its work says why in one line and exits 2, changing nothing: a
-database with no schema or an older one (a worker refuses to start on it too), a database or a
-Redis that does not answer."""
+database with no schema or an older one (a worker and the API refuse to start on it too), a
+database or a Redis that does not answer."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ async def test_a_database_without_the_newest_schema_is_named_with_the_command_th
     assert "the database has no schema: run `seckill db upgrade`" in empty.stdout
     assert "Traceback" not in empty.stdout + empty.stderr
     assert not _tables(path) - {"alembic_version"}  # nothing created behind the operator's back
-    # A worker refuses to start on it as well (a persister would write what it cannot take).
-    worker = seckill("worker", "persister", **run)
-    assert worker.returncode == 2, worker.stdout + worker.stderr
-    assert "the database has no schema: run `seckill db upgrade`" in worker.stdout
+    # A worker refuses to start on it as well, and the API's supervisor before it forks.
+    for process in (("worker", "persister"), ("api", "--workers", "2", "--port", str(free_port()))):
+        refused = seckill(*process, **run)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "the database has no schema: run `seckill db upgrade`" in refused.stdout
 
     database = open_database(url)
     try:
