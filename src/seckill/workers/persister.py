@@ -341,12 +341,12 @@ async def _turn(before: asyncio.Future[bool]) -> None:
 
 
 async def _drop_unlanded(lots: Sequence[_Lot]) -> None:
-    """A lot of the pass that was not landed (read ahead of a lot that failed or stalled): its
-    landing begun ahead stops, its transaction rolls back, its entries stay pending.
-
-    Marked not landed, each lot stops the next at its turn, so a landing begun ahead rolls back
-    by itself; it is cancelled, in the middle of whatever its database was doing, only if that
-    database does not answer meanwhile."""
+    """The lots of the pass not handled (read ahead of a lot that failed or stalled): their
+    entries stay pending, read again by the next pass. A landing begun ahead ends by itself:
+    refused at its turn when the lot before it did not land (each lot here is marked so), its
+    transaction rolled back; or committed when that lot did land, and its entries then found
+    landed when read again. It is cancelled, in the middle of whatever its database was doing,
+    only if that database does not answer meanwhile."""
     unlanded = [lot for lot in lots if not lot.settled.done()]
     for lot in unlanded:
         lot.settled.set_result(False)
