@@ -4,6 +4,7 @@ database or a Redis that does not answer."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -22,7 +23,7 @@ pytestmark = [
 
 
 def _tables(path: Path) -> set[str]:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         return {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
 
 
