@@ -1,7 +1,10 @@
-"""Schema migrations (Alembic), run from code: ``seckill db upgrade`` or at worker start."""
+"""Schema migrations (Alembic), run from code: ``seckill db upgrade``, or as a process starts on
+the embedded SQLite file; on any other database a process checks the schema it finds
+(``schema_problem``)."""
 
 from __future__ import annotations
 
+import functools
 from importlib.resources import files
 
 from alembic import command
@@ -31,6 +34,11 @@ async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
         await connection.run_sync(run)
 
 
+@functools.cache  # part of the installed code: read once per process (some 40 ms)
+def _migrations() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
 async def schema_problem(engine: AsyncEngine) -> str | None:
     """Why the database's schema cannot serve this code, None when it can: it has none, or an
     older revision. A revision this code does not know is newer (another deployment migrated
@@ -41,7 +49,7 @@ async def schema_problem(engine: AsyncEngine) -> str | None:
 
     async with engine.connect() as connection:
         heads = await connection.run_sync(current)
-    scripts = ScriptDirectory.from_config(alembic_config())
+    scripts = _migrations()
     newest = scripts.get_current_head()
     if not heads:
         return f"the database has no schema: run `seckill db upgrade` (revision {newest})"
