@@ -358,6 +358,14 @@ class Settings(BaseSettings):
         "lost): about how long such an item answers 503 item_recovering.",
     )
 
+    payment_landing_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How long a payment notice waits for SQL to hold what it did (the payment, "
+        "the order's new state, a refund owed) before it is answered: past it the provider gets "
+        "503 not_durable with Retry-After, and its retry gets the same answer once SQL has it.",
+    )
+
     sql_request_timeout_seconds: float = Field(
         2.0,
         gt=0,

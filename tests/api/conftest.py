@@ -263,7 +263,7 @@ async def waiting_room_api(
     redis_server: RedisTarget, sql_url: str, data_dir: Path, **pace: Any
 ) -> AsyncIterator[Api]:
     """The API with a waiting room and a quick inlet (a step every 50 ms, answers at most 50 ms
-    old); ``pace`` sets the queue_admit_* settings."""
+    old), and its persister; ``pace`` sets the queue_admit_* settings."""
     settings = api_settings(
         **redis_settings(redis_server),
         database_url=sql_url,
@@ -273,7 +273,7 @@ async def waiting_room_api(
         queue_front_seconds=0.05,
         **pace,
     )
-    async with running_api(settings, workers=(WorkerKind.INLET,)) as live:
+    async with running_api(settings, workers=(WorkerKind.INLET, WorkerKind.PERSISTER)) as live:
         yield live
 
 
@@ -281,9 +281,10 @@ async def waiting_room_api(
 async def api(
     redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Api]:
-    """A live API, no workers, on the session's Redis (flushed) and SQL database (emptied)."""
+    """A live API and its persister (a payment notice is answered once SQL holds it), on the
+    session's Redis (flushed) and SQL database (emptied)."""
     settings = api_settings(**redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path)
-    async with running_api(settings) as live:
+    async with running_api(settings, workers=(WorkerKind.PERSISTER,)) as live:
         yield live
 
 

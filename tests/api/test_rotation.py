@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from seckill.bootstrap.workers import WorkerKind
 from seckill.config import Settings
 from seckill.security.jwks import parse_key_set
 from seckill.security.tickets import TICKET_HEADER
@@ -74,7 +75,7 @@ async def test_what_was_signed_before_the_switch_works_after_it_until_the_old_ke
         # The provider signs a notice with the old key; it arrives after the switch.
         late_notice = api.signed(notice, secret=OLD)
     # (c) The new key signs; the old one still verifies.
-    async with running_api(staged(base, NEW, OLD)) as api:
+    async with running_api(staged(base, NEW, OLD), workers=(WorkerKind.PERSISTER,)) as api:
         answer = await buy(api, item_id, alice_token, old_ticket, "alice-1")
         assert answer.status_code == 202, answer.text
         body, headers = late_notice

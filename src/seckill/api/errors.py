@@ -30,7 +30,7 @@ from seckill.security.signatures import BadSignature
 from seckill.security.tickets import BadTicket
 from seckill.security.tokens import InvalidToken
 from seckill.services.items import UnknownItem
-from seckill.services.orders import ItemRecovering, OrderNotFound
+from seckill.services.orders import ItemRecovering, NotLanded, OrderLost, OrderNotFound
 from seckill.services.purchases import RequestInFlight
 from seckill.services.refunds import RefundNotFound
 from seckill.services.sold_out import SoldOut
@@ -130,6 +130,9 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(404, Outcome.UNKNOWN_ITEM.value, str(exc))
         case OrderNotFound():
             return ApiError(404, Outcome.UNKNOWN_ORDER.value, str(exc))
+        # Issued, then lost with writes Redis lost before SQL had it: gone for good, not unknown.
+        case OrderLost():
+            return ApiError(410, ApiRefusal.ORDER_LOST, str(exc))
         case ItemRecovering():
             return refusal(Outcome.ITEM_RECOVERING)
         case SoldOut():
@@ -163,7 +166,7 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(503, ApiRefusal.REDIS_UNAVAILABLE, message, {"Retry-After": "1"})
         # Written on the primary but not yet on enough replicas: not a yes. A retry with the same
         # key replays the same answer, checked again.
-        case NotDurable():
+        case NotDurable() | NotLanded():
             return ApiError(503, ApiRefusal.NOT_DURABLE, str(exc), {"Retry-After": "1"})
         case WorkerIdLost():
             return ApiError(503, ApiRefusal.REDIS_UNAVAILABLE, str(exc), {"Retry-After": "1"})
@@ -177,11 +180,12 @@ def answer_for(exc: Exception) -> ApiError | None:
 
 # Every exception type answer_for knows (subclasses included), for the framework's handlers.
 ANSWERED: tuple[type[Exception], ...] = (
-    ApiError, InvalidRequest, UnknownItem, OrderNotFound, ItemRecovering, SoldOut, RefundNotFound,
-    RequestInFlight,
+    ApiError, InvalidRequest, UnknownItem, OrderNotFound, OrderLost, ItemRecovering, SoldOut,
+    RefundNotFound, RequestInFlight,
     InvalidToken,
     BadSignature, BadTicket, BadPass, NoWaitingRoom, SaleClosed, GateRefused, RedisConnectionError,
-    RedisTimeoutError, NotDurable, WorkerIdLost, SQLAlchemyError, OSError, *SLOT_UNAVAILABLE,
+    RedisTimeoutError, NotDurable, NotLanded, WorkerIdLost, SQLAlchemyError, OSError,
+    *SLOT_UNAVAILABLE,
 )  # fmt: skip
 
 

@@ -39,7 +39,10 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
     """A payment succeeded or failed. A payment id names one payment of the item: it is applied
     once, to one order. Success moves the hold to paid; failure releases it. A success that pays
     nothing (the hold already released: stock never comes back; or the order already paid by
-    another payment) is a refund owed for this payment: ``refund_required``, with the reason."""
+    another payment) is a refund owed for this payment: ``refund_required``, with the reason.
+
+    Answered only once the database holds what the answer says (the provider acts on it and
+    never sends it again); until then 503 ``not_durable``, and the retry gets the same answer."""
     body = await request.body()  # the signature covers the exact bytes: check before parsing
     verify_signature(
         ctx.payment_secret,

@@ -57,7 +57,11 @@ def build_context(runtime: Runtime, *, ticket_gate: TicketGate | None = None) ->
         ledger=runtime.request_ledger,
         purchases=Purchases(runtime.engine, runtime.order_ids, sold_out=sold_out),
         sold_out=sold_out,
-        orders=OrderBook(engine=runtime.engine, ledger=runtime.request_ledger),
+        orders=OrderBook(
+            engine=runtime.engine,
+            ledger=runtime.request_ledger,
+            landing_timeout_s=settings.payment_landing_timeout_seconds,
+        ),
         item_cache=item_cache(runtime, source=runtime.request_ledger),
         tokens=token_codec(settings),
         payment_secret=payment_secret(settings),

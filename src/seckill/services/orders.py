@@ -5,6 +5,10 @@ state (a hold record stays with its item after it settles), so it answers first;
 an order Redis no longer has: its item archived (SQL is then its whole record, payment notices
 included), or lost with a Redis that restarted empty (until recovery).
 
+An order answered 202 that Redis lost before it landed (``fast`` durability) is in neither, and
+its item was rebuilt from SQL without it: a buyer who reads it is told so (``OrderLost``), from
+what SQL keeps of the item (the rebuild's time in the ``repairs`` journal), read only then.
+
 Every lookup names the item as well as the order (the buyer's URL, the payment notice): the
 hold is then one read in that item's keys, on the one node of a cluster that holds them, and
 never a search through every item. An order asked under another item is not found.
@@ -12,20 +16,41 @@ never a search through every item. An order asked under another item is not foun
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 from seckill.domain import rules
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement
-from seckill.domain.orders import OrderStatus
+from seckill.domain.ids import issued_at_ms
+from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
 from seckill.domain.outcomes import Outcome
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RedisEngine
+from seckill.services.reconcile.recovery import REBUILT_KINDS, REBUILT_SUBJECT
 from seckill.store.ledger import Ledger
+
+# A notice's event lands within tens of milliseconds: SQL is asked again after 10 ms, then at
+# doubling pauses up to 100 ms (a backlog), a few statements per notice.
+LANDING_POLL_FIRST_S = 0.01
+LANDING_POLL_MAX_S = 0.1
 
 
 class OrderNotFound(LookupError):
     """No such order, or not this buyer's: the two look the same from outside."""
+
+
+class OrderLost(LookupError):
+    """An order this deployment issued and lost: answered 202, then lost with the last writes
+    of a Redis that went back before SQL had it. Its units are back on sale and the buyer's
+    limit no longer counts it. Nobody knows whose it was, so it is said to any buyer who asks."""
+
+
+class NotLanded(Exception):
+    """A payment notice did its work in Redis, but SQL (the record) did not hold it within the
+    wait: nothing is said to the provider yet. Its retry replays the same answer from Redis, and
+    is answered once SQL holds it."""
 
 
 class ItemRecovering(Exception):
@@ -59,20 +84,44 @@ def _from_hold(item_id: int, hold: Hold) -> OrderView:
 class OrderBook:
     """Finds orders by item and id and moves them: cancel, and the payment provider's notices."""
 
-    def __init__(self, *, engine: RedisEngine, ledger: Ledger) -> None:
+    def __init__(
+        self, *, engine: RedisEngine, ledger: Ledger, landing_timeout_s: float = 5.0
+    ) -> None:
         self._engine = engine
         self._ledger = ledger
+        self._landing_timeout_s = landing_timeout_s
 
     async def find(self, item_id: int, order_id: int) -> OrderView | None:
+        view, _ = await self._look(item_id, order_id)
+        return view
+
+    async def buyers_order(self, buyer: str, item_id: int, order_id: int) -> OrderView:
+        """The order, if it is this buyer's; OrderNotFound otherwise (never a hint it exists).
+        OrderLost for one Redis lost before SQL had it, whoever asks: its buyer is lost with it,
+        and the answer says only that the id was issued before the item was rebuilt."""
+        view, anywhere = await self._look(item_id, order_id)
+        if view is None and not anywhere and await self._lost(item_id, order_id):
+            raise OrderLost(
+                f"order {order_id} of item {item_id} was lost: the store lost its last writes "
+                "before the database had the order. Its units are back on sale and the "
+                "per-buyer limit no longer counts it: you may buy again while the sale lasts"
+            )
+        if view is None or view.buyer != buyer:
+            raise OrderNotFound(f"no order {order_id} of item {item_id}")
+        return view
+
+    async def _look(self, item_id: int, order_id: int) -> tuple[OrderView | None, bool]:
+        """The order under ``item_id``, and whether Redis or SQL has an order of that id at
+        all (SQL may have it under another item)."""
         rules.check_item_id(item_id)
         rules.check_order_id(order_id)
         hold = await self._engine.hold(item_id, order_id)
         if hold is not None:
-            return _from_hold(item_id, hold)
+            return _from_hold(item_id, hold), True
         landed = await self._ledger.order(order_id)
         if landed is None or landed.item_id != item_id:
-            return None
-        return OrderView(
+            return None, landed is not None
+        view = OrderView(
             order_id=landed.order_id,
             item_id=landed.item_id,
             buyer=landed.buyer,
@@ -81,13 +130,19 @@ class OrderBook:
             release_reason=landed.release_reason,
             pay_before_ms=datetime_to_ms(landed.deadline_at) if landed.deadline_at else None,
         )
+        return view, True
 
-    async def buyers_order(self, buyer: str, item_id: int, order_id: int) -> OrderView:
-        """The order, if it is this buyer's; OrderNotFound otherwise (never a hint it exists)."""
-        view = await self.find(item_id, order_id)
-        if view is None or view.buyer != buyer:
-            raise OrderNotFound(f"no order {order_id} of item {item_id}")
-        return view
+    async def _lost(self, item_id: int, order_id: int) -> bool:
+        """Whether an order neither Redis nor SQL has was issued and lost: the item, not
+        archived, was rebuilt from SQL (Redis had lost writes) after the id's time, and the id
+        is no older than the item. An order lost is always older than the rebuild that followed
+        its loss: an id newer than the last one (or of an item never rebuilt) was not issued,
+        or its loss is not rebuilt yet, and reads as unknown until it is."""
+        item = await self._ledger.rebuilt(item_id, subject=REBUILT_SUBJECT, kinds=REBUILT_KINDS)
+        if item is None or item.archived_at is not None or item.rebuilt_at is None:
+            return False
+        issued = issued_at_ms(order_id)
+        return datetime_to_ms(item.created_at) <= issued < datetime_to_ms(item.rebuilt_at)
 
     async def cancel(
         self, buyer: str, item_id: int, order_id: int
@@ -111,7 +166,12 @@ class OrderBook:
         """Apply one provider notice (once per payment id); OrderNotFound for an order whose
         hold the item does not hold (nothing is then recorded). An archived item's notices are
         settled in SQL, with the same answers (a success for a released order is
-        ``refund_required``: it is never accepted as paid)."""
+        ``refund_required``: it is never accepted as paid).
+
+        The provider acts on the answer and never sends it again, so it is given only once SQL
+        holds what it says (``_landed``): Redis may lose its last writes, SQL is the record, and
+        recovery gives back to Redis every payment SQL holds. NotLanded if SQL does not within
+        ``landing_timeout_s``."""
         settlement: PaymentSettlement | None = await self._engine.settle_payment(
             item_id, order_id, payment_id=payment_id, succeeded=succeeded
         )
@@ -123,10 +183,47 @@ class OrderBook:
                 settlement = await self._ledger.payments.settle_archived(
                     item_id, order_id, payment_id=payment_id, succeeded=succeeded
                 )
+        elif settlement is not None:
+            await self._until_landed(item_id, order_id, payment_id, settlement)
         view = None if settlement is None else await self.find(item_id, order_id)
         if settlement is None or view is None:
             raise OrderNotFound(f"no order {order_id} of item {item_id}")
         return settlement, view
+
+    async def _until_landed(
+        self, item_id: int, order_id: int, payment_id: str, settlement: PaymentSettlement
+    ) -> None:
+        """Wait for SQL to hold what ``settlement`` says: the persister lands the notice's event
+        within tens of milliseconds, later through a backlog (it lands each stream in order)."""
+        deadline = time.monotonic() + self._landing_timeout_s
+        pause = LANDING_POLL_FIRST_S
+        while not await self._landed(item_id, order_id, payment_id, settlement):
+            if time.monotonic() + pause > deadline:
+                raise NotLanded(
+                    f"payment {payment_id} of order {order_id} is not in the database yet "
+                    f"(waited {self._landing_timeout_s:g} s): send the notice again"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, LANDING_POLL_MAX_S)
+
+    async def _landed(
+        self, item_id: int, order_id: int, payment_id: str, settlement: PaymentSettlement
+    ) -> bool:
+        """Whether SQL holds the state ``settlement`` tells the provider: its refund owed, or
+        the order paid (by this payment, when it paid it) or released."""
+        if settlement.outcome is Outcome.REFUND_REQUIRED:
+            return await self._ledger.payments.refund(item_id, payment_id) is not None
+        order = await self._ledger.order(order_id)
+        if order is None or order.item_id != item_id:
+            return False
+        match settlement.outcome:
+            case Outcome.PAID:
+                return order.status is OrderStatus.PAID and order.payment_id == payment_id
+            case Outcome.ALREADY_PAID:
+                return order.status is OrderStatus.PAID
+            case Outcome.RELEASED | Outcome.ALREADY_RELEASED:
+                return order.status in RELEASED_STATUSES
+        raise ValueError(f"a payment notice does not answer {settlement.outcome}")
 
     async def _archived(self, item_id: int) -> bool:
         return await self._ledger.archived_at(item_id) is not None
