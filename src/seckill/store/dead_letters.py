@@ -50,14 +50,28 @@ class DeadLetterQueries:
             query = query.where(_pending_letter())
         async with self.engine.connect() as conn:
             rows = await conn.execute(query)
-            return [
-                DeadLetter(
-                    id=str(r.id), group=PERSISTER_GROUP, stream=r.stream, entry_id=r.entry_id,
-                    payload=json.loads(r.payload), error=r.error, deliveries=r.deliveries,
-                    died_at=r.created_at, replayed_at=r.replayed_at, dropped_at=r.dropped_at,
+            return [_letter(row) for row in rows]
+
+    async def dead_letters_of(
+        self, entries: Sequence[tuple[str, str]]
+    ) -> dict[tuple[str, str], DeadLetter]:
+        """The persister's dead letters, settled or not, of these (stream, entry id) pairs."""
+        if not entries:
+            return {}
+        wanted = set(entries)
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(DeadLetterRow).where(
+                    DeadLetterRow.stream.in_({stream for stream, _ in wanted}),
+                    DeadLetterRow.entry_id.in_({entry_id for _, entry_id in wanted}),
                 )
-                for r in rows
-            ]  # fmt: skip
+            )
+            letters = [_letter(row) for row in rows]
+        return {
+            (letter.stream, letter.entry_id): letter
+            for letter in letters
+            if (letter.stream, letter.entry_id) in wanted
+        }
 
     async def dead_letter_count(self, stream: str) -> int:
         """Pending dead letters of one stream."""
@@ -91,3 +105,11 @@ class DeadLetterQueries:
 
 def _pending_letter() -> Any:
     return DeadLetterRow.replayed_at.is_(None) & DeadLetterRow.dropped_at.is_(None)
+
+
+def _letter(r: Any) -> DeadLetter:
+    return DeadLetter(
+        id=str(r.id), group=PERSISTER_GROUP, stream=r.stream, entry_id=r.entry_id,
+        payload=json.loads(r.payload), error=r.error, deliveries=r.deliveries,
+        died_at=r.created_at, replayed_at=r.replayed_at, dropped_at=r.dropped_at,
+    )  # fmt: skip

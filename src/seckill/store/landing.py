@@ -31,6 +31,9 @@ from seckill.domain.times import ms_to_datetime
 from seckill.store.bulk import ORDERS, Bulk, bulk_for
 from seckill.store.tables import Inventory, Item, Order, Refund, StockFlow
 
+EventKey = tuple[int, int, str]
+"""An event as the journal names it: its item, its stock shard, its entry id there."""
+
 Turn = Callable[[], Awaitable[None]]
 """Awaited by a batch landed ahead between its rows and its counters: until the batch before it
 is in SQL (see ``land_batch``)."""
@@ -165,15 +168,20 @@ def _lock_orders_statement(bulk: Bulk) -> Select[int, str, int, str, int]:
 _PRICES = select(Item.id, Item.price_cents).where(Item.id.in_(bindparam("items", expanding=True)))
 
 
-async def _seen(
-    conn: AsyncConnection, bulk: Bulk, events: Sequence[StockEvent]
-) -> set[tuple[int, int, str]]:
+async def journaled(engine: AsyncEngine, events: Sequence[StockEvent]) -> set[EventKey]:
+    """The journal's keys among ``events`` (with, for those of an order, the order's others):
+    what has landed, as ``land_batch`` itself looks it up."""
+    async with engine.connect() as conn:
+        return await _seen(conn, bulk_for(conn.dialect), events)
+
+
+async def _seen(conn: AsyncConnection, bulk: Bulk, events: Sequence[StockEvent]) -> set[EventKey]:
     """Which of ``events`` the journal holds already. Those of an order are found through their
     order's id (indexed); the few of none (`loaded`, transfers) by their own key. (A thousand
     keys of three columns each in one IN took PostgreSQL over a second.)"""
     order_ids = sorted({e.order_id for e in events if e.order_id})
     orderless = [(e.item_id, e.shard, e.event_id) for e in events if e.order_id is None]
-    seen: set[tuple[int, int, str]] = set()
+    seen: set[EventKey] = set()
     if order_ids:
         rows = await conn.execute(_journal_of_orders(bulk), {"ids": order_ids})
         seen.update((r.item_id, r.shard, r.event_id) for r in rows)

@@ -19,7 +19,7 @@ from seckill.domain.items import SALE_TERMS, ItemRecord, NewItem, SaleItem, Stoc
 from seckill.domain.orders import OrderStatus
 from seckill.domain.times import datetime_to_ms
 from seckill.store.dead_letters import DeadLetterQueries
-from seckill.store.landing import Turn, land_batch, plans_ahead
+from seckill.store.landing import EventKey, Turn, journaled, land_batch, plans_ahead
 from seckill.store.payments import Payments, keep_payments, payment_record, refund_record
 from seckill.store.records import (
     ItemBook,
@@ -30,6 +30,7 @@ from seckill.store.records import (
     RefundRecord,
 )
 from seckill.store.repairs import STOCK_COLUMNS, RepairQueries, stock_of
+from seckill.store.stream_groups import StreamGroupQueries
 from seckill.store.tables import (
     Inventory,
     Item,
@@ -44,9 +45,10 @@ def _item_record(row: Any) -> ItemRecord:
     return ItemRecord(item_id=row.id, **{name: getattr(row, name) for name in SALE_TERMS})
 
 
-class Ledger(RepairQueries, DeadLetterQueries):
+class Ledger(RepairQueries, DeadLetterQueries, StreamGroupQueries):
     """Writes landed events and reads the record (its repairs in ``store/repairs.py``, its dead
-    letters in ``store/dead_letters.py``). Safe to share between tasks and processes."""
+    letters in ``store/dead_letters.py``, the registry of stream groups in
+    ``store/stream_groups.py``). Safe to share between tasks and processes."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
@@ -62,6 +64,14 @@ class Ledger(RepairQueries, DeadLetterQueries):
         nothing is written unless everything is.
         """
         return await land_batch(self.engine, events, turn=turn)
+
+    async def landed_events(self, events: Sequence[StockEvent]) -> set[EventKey]:
+        """Which of ``events`` the journal holds, by (item, shard, event id): landed, so SQL
+        has them. One statement for the events of orders (found through their order's id)."""
+        wanted = {(e.item_id, e.shard, e.event_id) for e in events}
+        if not wanted:
+            return set()
+        return wanted & await journaled(self.engine, events)
 
     # -- the record: items, counters, orders, dead letters --------------------------------------
 

@@ -256,3 +256,15 @@ class Repair(Base):
     at: Mapped[datetime] = mapped_column(UTCDateTime)
 
     __table_args__ = (Index(None, "item_id"),)
+
+
+class StreamGroup(Base):
+    """A consumer group that follows every item stream (a bridge's, ``bridge-<sink>``), as its
+    readers registered it: the durable copy of Redis's registry (``engine/group_reader.py``),
+    which recovery puts back before it gives a stream its events again. The persister's group
+    is always registered and is not listed here."""
+
+    __tablename__ = "stream_groups"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    registered_at: Mapped[datetime] = mapped_column(UTCDateTime)
