@@ -85,23 +85,28 @@ async def buy(
 ORDER_ROUTE = f"{PURCHASE_ROUTE}/{{order_id}}".removeprefix(router.prefix)
 
 
-@router.get(ORDER_ROUTE, response_model=OrderOut, responses=documented(401, 403, 404, 422, 503))
+@router.get(
+    ORDER_ROUTE, response_model=OrderOut, responses=documented(401, 403, 404, 410, 422, 503)
+)
 async def get_order(
     item_id: ItemId, order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx
 ) -> OrderOut:
-    """The buyer's own order, whether it is still only in Redis or already in SQL."""
+    """The buyer's own order, whether it is still only in Redis or already in SQL. 410
+    ``order_lost`` for one answered 202 that Redis lost before SQL had it (``fast``
+    durability): its units are back on sale, and the buyer may buy again."""
     return order_out(await ctx.orders.buyers_order(buyer.subject, item_id, int(order_id)))
 
 
 @router.post(
     f"{ORDER_ROUTE}/cancel",
     response_model=OrderOut,
-    responses=documented(401, 403, 404, 409, 422, 503),
+    responses=documented(401, 403, 404, 409, 410, 422, 503),
 )
 async def cancel_order(
     item_id: ItemId, order_id: OrderIdPath, buyer: BuyerIdentity, ctx: Ctx
 ) -> OrderOut:
-    """Give the hold back; the units go on sale again. Repeating it changes nothing."""
+    """Give the hold back; the units go on sale again. Repeating it changes nothing. 410
+    ``order_lost`` for an order Redis lost before SQL had it: there is nothing to give back."""
     transition, view = await ctx.orders.cancel(buyer.subject, item_id, int(order_id))
     if transition.outcome is Outcome.ALREADY_PAID:
         raise refusal(Outcome.ALREADY_PAID)

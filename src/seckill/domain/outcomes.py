@@ -106,6 +106,7 @@ class ApiRefusal(StrEnum):
     IDEMPOTENCY_KEY_REQUIRED = "idempotency_key_required"
     NO_WAITING_ROOM = "no_waiting_room"
     UNKNOWN_REFUND = "unknown_refund"
+    ORDER_LOST = "order_lost"
     REQUEST_IN_FLIGHT = "request_in_flight"
     INVALID_TOKEN = "invalid_token"
     FORBIDDEN = "forbidden"

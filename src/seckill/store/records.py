@@ -99,6 +99,16 @@ class RepairRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ItemRebuilt:
+    """When an item was created, archived (None: not) and last rebuilt in Redis from SQL (None:
+    never), as SQL keeps them: what tells an order Redis lost from an id never issued."""
+
+    created_at: datetime
+    archived_at: datetime | None
+    rebuilt_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PaymentRecord:
     """A payment provider's notice and the answer it got (``outcome``, ``reason``), as recorded
     once per payment id: in Redis while the item is live, in SQL once it is archived."""

@@ -3,7 +3,7 @@ the ledger (``store/ledger.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,13 +14,13 @@ from seckill.domain.events import EventKind
 from seckill.domain.items import STOCK_FIELDS, Stock
 from seckill.domain.orders import OrderStatus
 from seckill.domain.shards import home_shard
-from seckill.store.records import LandedOrder, RepairRecord
+from seckill.store.records import ItemRebuilt, LandedOrder, RepairRecord
 from seckill.store.tables import Inventory, Item, Order, Repair, StockFlow
 
 
 class RepairQueries:
     """Recounting an item's inventory, rewriting an order, journaling missed reservations, and
-    the repairs' own journal."""
+    the repairs' own journal (and when an item was last rebuilt, from it)."""
 
     engine: AsyncEngine
 
@@ -139,6 +139,31 @@ class RepairQueries:
                     at=datetime.now(UTC),
                 )
             )
+
+    async def rebuilt(
+        self, item_id: int, *, subject: str, kinds: Collection[str]
+    ) -> ItemRebuilt | None:
+        """The item's creation, its archiving and its last rebuild from SQL (the newest repair
+        journaled on ``subject`` under one of ``kinds``), in one statement; None for an item SQL
+        does not have."""
+        last = (
+            select(func.max(Repair.at))
+            .where(Repair.item_id == item_id, Repair.subject == subject, Repair.kind.in_(kinds))
+            .scalar_subquery()
+        )
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(Item.created_at, Item.archived_at, last.label("rebuilt_at")).where(
+                        Item.id == item_id
+                    )
+                )
+            ).first()
+        if row is None:
+            return None
+        return ItemRebuilt(
+            created_at=row.created_at, archived_at=row.archived_at, rebuilt_at=row.rebuilt_at
+        )
 
     async def repairs(self, item_id: int) -> list[RepairRecord]:
         async with self.engine.connect() as conn:

@@ -58,7 +58,7 @@ from seckill.services.reconcile.drift import (
     sql_accounts,
     sql_findings,
 )
-from seckill.services.reconcile.recovery import recover_item
+from seckill.services.reconcile.recovery import rebuilt, recover_item
 from seckill.store.ledger import Ledger
 from seckill.store.records import ItemBook, RepairRecord
 
@@ -304,19 +304,12 @@ class Reconciler:
             # Fenced first, so nothing sells on what Redis lost while it is rebuilt. Rebuilding
             # from SQL also recounts, keeps what Redis has beyond SQL and lifts the fences;
             # whatever else is wrong shows again on the next look, against the rebuilt state.
+            # The rebuild journals itself (``recovery``), as an operator's does.
             for shard in range(await self._engine.shard_count(item_id)):
                 await self._engine.fence(item_id, shard, "redis_lost")
-            recovery = await recover_item(self._engine, self._ledger, item_id)
             lost = sorted(kinds & REDIS_LOST)
-            await journal(
-                lost[0],
-                "item",
-                "rebuilt Redis from SQL (SQL wins: Redis lost acknowledged writes)",
-                f"found {', '.join(lost)}; {recovery.restored} holds restored, "
-                f"{recovery.advanced} moved forward, {recovery.conflicts} conflicts; "
-                f"now {recovery.stock}",
-            )
-            return done
+            recovery = await recover_item(self._engine, self._ledger, item_id, found=lost)
+            return [rebuilt(item_id, lost, recovery)]
 
         for finding in found:
             if finding.kind is Drift.SQL_ORDER_EDITED and finding.order_id is not None:

@@ -19,12 +19,18 @@ An item with stock shards is rebuilt whole: each shard's holds merged as above, 
 shard's total set so that they add up to the item's, the transfers between them (in transit or
 not) settled by those totals. A shard whose holds SQL did not change keeps the units it had on
 sale; the others share what is left, so no unit is lost or counted twice.
+
+Every rebuild is journaled in SQL's ``repairs`` table with its time, the reconciler's and an
+operator's (``seckill recover``) alike: an order answered 202 that Redis lost before it landed
+is gone on both sides, and a buyer who reads it is told so from that record.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
 
@@ -44,13 +50,51 @@ from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RedisEngine
 from seckill.engine.repairs import RecoveredOrder, RecoveredPayment, Recovery
 from seckill.services.items import UnknownItem
+from seckill.services.reconcile.drift import REDIS_LOST
 from seckill.store.ledger import Ledger
-from seckill.store.records import ItemBook, JournalRow, LandedOrder, RefundRecord
+from seckill.store.records import ItemBook, JournalRow, LandedOrder, RefundRecord, RepairRecord
+
+log = logging.getLogger(__name__)
 
 
-async def recover_item(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recovery:
+# A rebuild is journaled in the ``repairs`` table on the item as a whole, under the drift the
+# reconciler found (one of REDIS_LOST) or, asked by an operator (``seckill recover``) without a
+# look first, under ``redis_lost``. Its time is what tells a buyer's order Redis lost before SQL
+# had it from an id never issued (``services/orders``).
+REBUILT_SUBJECT = "item"
+ASKED_BY_OPERATOR = "redis_lost"
+REBUILT_KINDS = frozenset({ASKED_BY_OPERATOR, *REDIS_LOST})
+REBUILT = "rebuilt Redis from SQL (SQL wins: Redis lost acknowledged writes)"
+
+
+async def recover_item(
+    engine: RedisEngine, ledger: Ledger, item_id: int, *, found: Sequence[str] = ()
+) -> Recovery:
     """Rebuild ``item_id`` in Redis from its SQL record, merged with what Redis still holds;
-    the counters of the whole item as rebuilt."""
+    the counters of the whole item as rebuilt. Journaled (``rebuilt``), with the drift
+    ``found`` that asked for it, the reconciler's, if any."""
+    recovery = await _rebuild(engine, ledger, item_id)
+    repair = rebuilt(item_id, found, recovery)
+    await ledger.record_repair(repair)
+    log.warning("item %d: repaired %s (%s): %s; %s", item_id, repair.kind, repair.subject,
+                repair.action, repair.detail)  # fmt: skip
+    return recovery
+
+
+def rebuilt(item_id: int, found: Sequence[str], recovery: Recovery) -> RepairRecord:
+    """A rebuild as the ``repairs`` table journals it."""
+    why = f"found {', '.join(found)}" if found else "asked by an operator"
+    return RepairRecord(
+        item_id=item_id,
+        kind=found[0] if found else ASKED_BY_OPERATOR,
+        subject=REBUILT_SUBJECT,
+        action=REBUILT,
+        detail=f"{why}; {recovery.restored} holds restored, {recovery.advanced} moved forward, "
+        f"{recovery.conflicts} conflicts; now {recovery.stock}",
+    )
+
+
+async def _rebuild(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recovery:
     book = await ledger.book(item_id)
     if book.item is None:
         raise UnknownItem(f"item {item_id} is not in the database")
