@@ -72,5 +72,8 @@ async def test_reconcile_reports_repairs_and_recover_rebuilds(
     assert [r["kind"] for r in report["repairs"]] == ["redis_lost_item"] and report["left"] == []
     stock = await engine.stock(item_id)
     assert stock is not None and (stock.available, stock.held, stock.sold) == (7, 1, 2)
+    # Each rebuild journaled, the operator's as the reconciler's (a lost order is told from it).
+    journal = [r.kind for r in await ledger.repairs(item_id)]
+    assert journal == ["redis_counters", "redis_lost", "redis_lost_item"]
     unknown = seckill("recover", "999999", **run)
     assert unknown.returncode == 2 and "not in the database" in unknown.stdout
