@@ -3,6 +3,7 @@ every kind of fault, fewer times, and every verdict must pass. ``make soak`` run
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -31,3 +32,5 @@ def test_a_sale_through_every_fault_passes_every_verdict() -> None:
     faults = done.stdout.split("Faults", 1)[1].split("Verdicts", 1)[0]
     for kind in FAULTS:
         assert f" {kind} " in faults, f"{kind} never happened: {shown}"
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (figures["paid_lost"], figures["phantom_messages"]) == (0, 0), figures
