@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-history bench-token-cache soak rehearse-hosts check-deploy lock clean
+.PHONY: demo test system-deps lint bench bench-drain bench-durability bench-compare bench-http bench-clients bench-cluster bench-waiting-room bench-bridge bench-notices bench-history bench-token-cache soak rehearse-hosts check-deploy lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,9 @@ soak: $(STAMP)  # a Redis Cluster, NATS and processes of its own; PostgreSQL: SE
 
 rehearse-hosts: $(STAMP)  # as root: network namespaces as hosts with a Redis Cluster, a PostgreSQL, APIs and workers of their own
 	$(BIN)/python -m benchmarks.hosts $(BENCH_ARGS)
+
+bench-notices: $(STAMP)  # starts its own redis-server, API and persister; SQLite unless BENCH_ARGS='--database-url URL'
+	$(BIN)/python -m benchmarks.notices $(BENCH_ARGS)
 
 bench-history: $(STAMP)  # starts its own redis-servers, SQLite databases and servers on free ports
 	$(BIN)/python -m benchmarks.history $(BENCH_ARGS)
