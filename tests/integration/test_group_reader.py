@@ -11,11 +11,17 @@ import pytest
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine import group_reader
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import Entry, GroupReader, ReadConfig, one_pass
-from seckill.engine.keys import items_registry
+from seckill.engine.group_reader import (
+    Entry,
+    GroupReader,
+    ReadConfig,
+    one_pass,
+    registered_groups,
+)
+from seckill.engine.keys import items_registry, stream_groups_registry
 from seckill.engine.streams import GROUP
 from seckill.services.dashboard import take_snapshot
-from seckill.services.stream_groups import list_groups, retire
+from seckill.services.stream_groups import give_back_groups, list_groups, retire
 from seckill.store.ledger import Ledger
 from tests.conftest import open_item
 
@@ -176,29 +182,36 @@ async def test_a_reader_that_finds_a_stream_first_makes_every_registered_group(
     assert len(await read_all(bridge)) == 301  # the load, then every reservation
 
 
-async def test_a_retired_group_leaves_the_registry_and_every_stream(engine: RedisEngine) -> None:
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_a_retired_group_leaves_the_registry_and_every_stream(
+    engine: RedisEngine, ledger: Ledger
+) -> None:
     """Retiring a bridge's group: new streams no longer get it, the streams it was on lose it,
-    and the persister's trimming no longer waits for it. The persister's own group and a group
-    nobody registered are refused, changing nothing."""
+    SQL's registry too (a recovery would make it again), and the persister's trimming no longer
+    waits for it. The persister's own group and a group nobody registered are refused, changing
+    nothing."""
     persister, bridge = reader(engine, GROUP), reader(engine, "bridge-test")
     for group in (persister, bridge):
         await group.discover()
+    await ledger.register_group("bridge-test")  # as a bridge does as it starts
+    await ledger.register_group("bridge-test")  # once or more
     await engine.load_item(open_item(total=1000))
     await sell(engine, 300)
-    assert await list_groups(engine) == ["bridge-test", GROUP]
+    assert await list_groups(engine, ledger) == ["bridge-test", GROUP]
 
     for wrong in (GROUP, "bridge-typo"):
         with pytest.raises(InvalidRequest) as refused:
-            await retire(engine, wrong)
+            await retire(engine, ledger, wrong)
         assert refused.value.code is ErrorCode.INVALID_GROUP
-    assert await list_groups(engine) == ["bridge-test", GROUP]
+    assert await list_groups(engine, ledger) == ["bridge-test", GROUP]
 
     stream = engine.keys(1).events
     await persister.ack(await read_all(persister))
     await persister.trim()
     assert await engine.redis.xlen(stream) == 301  # the bridge has read none of it
-    assert await retire(engine, "bridge-test") == 1
-    assert await list_groups(engine) == [GROUP]
+    assert await retire(engine, ledger, "bridge-test") == 1
+    assert await list_groups(engine, ledger) == [GROUP]
+    assert await ledger.stream_groups() == []
     assert [g["name"] for g in await engine.redis.xinfo_groups(stream)] == [GROUP]
     await persister.trim()
     assert await engine.redis.xlen(stream) < 301
@@ -310,3 +323,27 @@ async def test_a_pending_entry_deleted_from_its_stream_is_acknowledged_not_hande
     ]
     assert all(e.fields for e in again)
     assert (await engine.redis.xpending(stream, GROUP))["pending"] == len(again)
+
+
+@pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
+async def test_the_groups_sql_registered_are_made_again_before_recovery_gives_events_back(
+    engine: RedisEngine, ledger: Ledger
+) -> None:
+    """Redis lost everything, its registry of groups with it: SQL's copy still lists the
+    bridge's group, and recovery's ``give_back_groups`` puts it (and the persister's) back in
+    the registry and on each of the item's shard streams from the first entry, so the persister
+    cannot trim an event given back before the bridge has it."""
+    await ledger.register_group("bridge-test")
+    await engine.redis.delete(stream_groups_registry(engine.prefix))  # as after FLUSHALL
+    assert await list_groups(engine, ledger) == ["bridge-test"]  # SQL's copy
+
+    await give_back_groups(engine, ledger, 7, 2)
+    assert await list_groups(engine, ledger) == ["bridge-test", GROUP]
+    assert await registered_groups(engine.redis, engine.prefix) == ["bridge-test", GROUP]
+    for shard in (0, 1):
+        groups = await engine.redis.xinfo_groups(engine.keys(7, shard).events)
+        assert {(g["name"], g["last-delivered-id"]) for g in groups} == {
+            ("bridge-test", "0-0"),
+            (GROUP, "0-0"),
+        }
+    await give_back_groups(engine, ledger, 7, 2)  # again: nothing changes

@@ -9,6 +9,9 @@ not found the stream yet (a bridge between two looks at the registry). A group r
 sees the whole stream that is left. A worker acknowledges an entry only once its sink has it;
 the group remembers what is pending. A group taken out of service leaves the registry and every
 stream through ``retire_group`` (``seckill groups retire``), or the streams keep everything.
+The registry dies with Redis: SQL keeps a durable copy (``services/stream_groups.py``), and a
+recovery puts it back with ``register_groups``, each group on the streams it rebuilds, before it
+gives them their events back.
 
 On one Redis a read is one XREADGROUP over every stream, blocking while all are empty. A Redis
 Cluster refuses a command over keys of several slots, so there a read sends one XREADGROUP per
@@ -382,6 +385,20 @@ async def _create_group(redis: RedisClient, stream: str, group: str) -> None:
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
+
+
+async def register_groups(
+    redis: RedisClient, prefix: str, groups: Sequence[str], streams: Sequence[str]
+) -> None:
+    """Put ``groups`` in the registry and make each on every one of ``streams`` (with the
+    stream, if missing) from its first entry, unless there: what recovery does before it gives
+    a stream events back, so no trim drops one a registered group has not read."""
+    if not groups:
+        return
+    await redis.sadd(stream_groups_registry(prefix), *groups)
+    for stream in streams:
+        for group in groups:
+            await _create_group(redis, stream, group)
 
 
 async def registered_groups(redis: RedisClient, prefix: str) -> list[str]:

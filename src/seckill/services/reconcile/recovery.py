@@ -11,7 +11,8 @@ Given back as well, because SQL has them: each paid order's payment and each ref
 provider's retry is answered as it was), the idempotency record of every order whose key SQL
 kept that has not expired (a buyer's retry replays its order, and never holds a second), and
 every order event SQL landed past what a shard's stream still has, under its own entry id (a
-bridge that had not read it publishes it under the message id it would have had).
+bridge that had not read it publishes it under the message id it would have had), after every
+group SQL registered is made again on the stream, so none misses them.
 Not rebuilt, because SQL never had them: rate windows and failed payment notices (a repeat finds
 the order released or paid, and answers so).
 
@@ -51,6 +52,7 @@ from seckill.engine.engine import RedisEngine
 from seckill.engine.repairs import RecoveredOrder, RecoveredPayment, Recovery
 from seckill.services.items import UnknownItem
 from seckill.services.reconcile.drift import REDIS_LOST
+from seckill.services.stream_groups import give_back_groups
 from seckill.store.ledger import Ledger
 from seckill.store.records import ItemBook, JournalRow, LandedOrder, RefundRecord, RepairRecord
 
@@ -114,6 +116,9 @@ async def _rebuild(engine: RedisEngine, ledger: Ledger, item_id: int) -> Recover
         newest[row.shard] = max(newest[row.shard], stream_position(row.event_id))
     landed = {shard: f"{ms}-{seq}" for shard, (ms, seq) in newest.items()}
     await _give_back_keys(engine, item_id, book)
+    # The groups first: a trim between the events' return and a group's making would drop
+    # events that group never read (a bridge that was down across the loss).
+    await give_back_groups(engine, ledger, item_id, shards)
     await _give_back_events(engine, item_id, book)
     if shards == 1:
         return await engine.recover(
