@@ -8,7 +8,8 @@ for the run (an exchange and a quorum queue; a stream on file storage) and delet
 
 * ``events_per_s``: one ``Bridge`` (``--batch-size`` entries a pass) runs ``run_once`` until its
   consumer group's backlog on the stream is 0, exactly as the worker runs: XREADGROUP, decode,
-  publish the batch and wait for every confirm, XACK. Each broker's bridge has its own group, so
+  ask SQL which events have landed, publish the batch and wait for every confirm, XACK. Each
+  broker's bridge has its own group, so
   each sees the whole backlog. ``bridge_cpu_us_per_event`` is this process's CPU over the run
   (the bridge runs in it), per event forwarded; ``broker_cpu_us_per_event`` the broker server's
   (beam.smp, nats-server: the process listening on the URL's port, found in /proc; null when it
@@ -32,11 +33,13 @@ workers run (``run_until_stopped``, default settings) and a consumer subscribed 
 topology, all in this process. Each purchase is timed from its answer (the engine's reply, as
 the API would answer 202) to its ``reserved`` message at the consumer: ``latency_ms`` gives
 p50, p99 and the maximum.
+
 Wall-clock figures depend on what else the machine runs: the load average before each run is
 printed.
 
 The script starts its own redis-server on a free loopback port, and creates and deletes its own
-exchange, queue and stream (names with a random suffix); it touches nothing else. The last line
+exchange, queue and stream (names with a random suffix); it touches nothing else but the
+database ``--database-url`` names, if any. The last line
 printed is one JSON object with the figures, one entry per broker.
 """
 
@@ -391,11 +394,12 @@ async def group_backlog(redis: Redis, stream: str, group: str) -> int:
 
 
 async def run_bridge(
-    redis: Redis, sink: Sink, *, stream: str, events: int, batch_size: int, pids: dict[str, Any]
-) -> Run:
+    redis: Redis, ledger: Ledger, sink: Sink, *, stream: str, events: int, batch_size: int,
+    pids: dict[str, Any],
+) -> Run:  # fmt: skip
     """One Bridge until its group's backlog on ``stream`` is 0."""
     bridge = Bridge(
-        redis=redis, sink=sink, consumer="bench",
+        redis=redis, ledger=ledger, sink=sink, consumer="bench",
         config=BridgeConfig(batch_size=batch_size, block_ms=50),
         prefix=DEFAULT_PREFIX,
     )  # fmt: skip
@@ -444,8 +448,8 @@ def per_event_us(seconds: float | None, events: int) -> float | None:
 
 
 async def measure_broker(
-    broker: str, redis: Redis, redis_pid: int | None, *, stream: str, messages: list[Message],
-    args: argparse.Namespace, failures: list[str],
+    broker: str, redis: Redis, ledger: Ledger, redis_pid: int | None, *, stream: str,
+    messages: list[Message], args: argparse.Namespace, failures: list[str],
 ) -> dict[str, Any]:  # fmt: skip
     url = broker_url(broker, args)
     broker_pid = listening_pid(url, DEFAULT_PORTS[broker])
@@ -465,8 +469,8 @@ async def measure_broker(
             load = os.getloadavg()[0]
             if kind == "bridge":
                 runs[kind] = await run_bridge(
-                    redis, sink, stream=stream, events=events, batch_size=args.batch_size,
-                    pids=pids,
+                    redis, ledger, sink, stream=stream, events=events,
+                    batch_size=args.batch_size, pids=pids,
                 )  # fmt: skip
             else:
                 runs[kind] = await run_raw(sink, messages, batch_size=args.batch_size, pids=pids)
@@ -541,8 +545,9 @@ async def measure_latency(
     stop = asyncio.Event()
     persister = Persister(redis=redis, ledger=ledger, prefix=DEFAULT_PREFIX, stop=stop)
     bridge = Bridge(
-        redis=redis, sink=sink, prefix=DEFAULT_PREFIX, consumer="bench-latency", stop=stop
-    )
+        redis=redis, ledger=ledger, sink=sink, prefix=DEFAULT_PREFIX, consumer="bench-latency",
+        stop=stop,
+    )  # fmt: skip
     load = os.getloadavg()[0]
     try:
         async with topology.consuming(on_body):
@@ -690,7 +695,7 @@ async def measure(
         failures: list[str] = []
         for broker in args.brokers:
             results[broker] = await measure_broker(
-                broker, redis, redis_pid, stream=stream, messages=messages, args=args,
+                broker, redis, ledger, redis_pid, stream=stream, messages=messages, args=args,
                 failures=failures,
             )  # fmt: skip
             if results[broker]["broker_process"] is None:

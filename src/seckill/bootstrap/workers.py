@@ -64,6 +64,7 @@ def build_worker(
             raise ValueError("the bridge needs a broker: set SECKILL_BRIDGE_URL (or --to)")
         bridge = Bridge(
             redis=runtime.redis,
+            ledger=runtime.ledger,  # it publishes only what SQL has landed
             sink=sink_from_url(runtime.settings.bridge_url),
             prefix=prefix,
             stop=stop,

@@ -123,6 +123,17 @@ class GroupReader:
         entries first next time."""
         self._own_pending_first = True
 
+    def read_pending_next(self) -> None:
+        """Entries left pending on purpose (the sink may not take them yet): the next read
+        starts with this consumer's pending entries, from Redis (one it lost is gone from them),
+        and the pass in hand reads nothing further (see ``one_pass``)."""
+        self._own_pending_first = True
+
+    @property
+    def pending_next(self) -> bool:
+        """Whether the next read is this consumer's pending entries."""
+        return self._own_pending_first
+
     async def abandon(self, read: asyncio.Future[Any]) -> None:
         """A read started ahead whose entries will not be handled now (the lot before it failed
         or stalled): what it took is pending with this consumer, so the next read starts there,
@@ -461,6 +472,10 @@ async def one_pass(
     ahead while the sink stalled (an outage) is not handled: Redis may have lost entries since,
     so the next read takes this consumer's pending entries again from Redis.
 
+    A lot that leaves entries pending on purpose (``GroupReader.read_pending_next``: a bridge
+    whose events SQL has not landed yet) ends the pass: the lot read ahead is not handled, and
+    the next read starts with the pending entries, so nothing newer of their streams goes first.
+
     When Redis fails under it, the next read starts with the consumer's own pending entries;
     when a stream lost its group (Redis restarted empty, FLUSHALL, an older AOF; ``seckill
     recover`` puts the items back), the streams are followed afresh (an archived item's among
@@ -490,6 +505,9 @@ async def one_pass(
                     await reader.abandon(ahead)
                 raise
             if ahead is None:
+                break
+            if reader.pending_next:  # the lot left entries pending: none after them goes first
+                await reader.abandon(ahead)
                 break
             if time.monotonic() - handed > BACKLOG_PASS_S:  # the sink stalled
                 await reader.abandon(ahead)

@@ -114,15 +114,16 @@ async def replay_dead_letters(
 ) -> Settled:
     """Replay the pending dead letters with these ids (none given: every pending one of
     ``group``, default every group). A bridge's are published through ``sink``, which must be
-    that bridge's broker. A letter that still cannot land or be delivered stays pending, with
-    the reason in the answer."""
+    that bridge's broker, once SQL has landed their event (the persister's letters go first, so
+    one call replays both of an entry both set aside). A letter that still cannot land or be
+    delivered stays pending, with the reason in the answer."""
     chosen, missing = await _choose(ledger, engine, ids, group)
     letters = []
     for letter in chosen:
         if letter.group == PERSISTER_GROUP:
             refused = await _land(ledger, letter)
         else:
-            refused = await _deliver(engine, letter, sink)
+            refused = await _deliver(ledger, engine, letter, sink)
         letters.append(LetterSettled(letter.id, refused))
     return Settled(missing, letters)
 
@@ -163,7 +164,9 @@ async def _land(ledger: Ledger, letter: DeadLetter) -> str | None:
     return None
 
 
-async def _deliver(engine: RedisEngine, letter: DeadLetter, sink: Sink | None) -> str | None:
+async def _deliver(
+    ledger: Ledger, engine: RedisEngine, letter: DeadLetter, sink: Sink | None
+) -> str | None:
     if sink is None:
         return "no broker to deliver to: set SECKILL_BRIDGE_URL (or pass --to)"
     if bridge_group(sink.name) != letter.group:
@@ -174,6 +177,10 @@ async def _deliver(engine: RedisEngine, letter: DeadLetter, sink: Sink | None) -
     except BadEvent as exc:
         return f"not an event a broker can take: {exc} (drop it)"
     if message is not None:
+        # A bridge publishes only what SQL has: the persister's letter of the same entry, if it
+        # set it aside too, must land first.
+        if not await ledger.landed_events([event]):
+            return "not in SQL: replay the persister's dead letter of this entry first"
         try:
             await sink.publish([message])
         except SinkError as exc:
