@@ -16,25 +16,19 @@ never a search through every item. An order asked under another item is not foun
 
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass
 
 from seckill.domain import rules
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement
 from seckill.domain.ids import issued_at_ms
-from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
+from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import Outcome
 from seckill.domain.times import datetime_to_ms
 from seckill.engine.engine import RedisEngine
+from seckill.services.landings import Answered, Landings
 from seckill.services.reconcile.recovery import REBUILT_KINDS, REBUILT_SUBJECT
 from seckill.store.ledger import Ledger
-
-# A notice's event lands within tens of milliseconds: SQL is asked again after 10 ms, then at
-# doubling pauses up to 100 ms (a backlog), a few statements per notice.
-LANDING_POLL_FIRST_S = 0.01
-LANDING_POLL_MAX_S = 0.1
 
 
 class OrderNotFound(LookupError):
@@ -89,6 +83,7 @@ class OrderBook:
     ) -> None:
         self._engine = engine
         self._ledger = ledger
+        self._landings = Landings(ledger.payments)
         self._landing_timeout_s = landing_timeout_s
 
     async def find(self, item_id: int, order_id: int) -> OrderView | None:
@@ -193,37 +188,13 @@ class OrderBook:
     async def _until_landed(
         self, item_id: int, order_id: int, payment_id: str, settlement: PaymentSettlement
     ) -> None:
-        """Wait for SQL to hold what ``settlement`` says: the persister lands the notice's event
-        within tens of milliseconds, later through a backlog (it lands each stream in order)."""
-        deadline = time.monotonic() + self._landing_timeout_s
-        pause = LANDING_POLL_FIRST_S
-        while not await self._landed(item_id, order_id, payment_id, settlement):
-            if time.monotonic() + pause > deadline:
-                raise NotLanded(
-                    f"payment {payment_id} of order {order_id} is not in the database yet "
-                    f"(waited {self._landing_timeout_s:g} s): send the notice again"
-                )
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, LANDING_POLL_MAX_S)
-
-    async def _landed(
-        self, item_id: int, order_id: int, payment_id: str, settlement: PaymentSettlement
-    ) -> bool:
-        """Whether SQL holds the state ``settlement`` tells the provider: its refund owed, or
-        the order paid (by this payment, when it paid it) or released."""
-        if settlement.outcome is Outcome.REFUND_REQUIRED:
-            return await self._ledger.payments.refund(item_id, payment_id) is not None
-        order = await self._ledger.order(order_id)
-        if order is None or order.item_id != item_id:
-            return False
-        match settlement.outcome:
-            case Outcome.PAID:
-                return order.status is OrderStatus.PAID and order.payment_id == payment_id
-            case Outcome.ALREADY_PAID:
-                return order.status is OrderStatus.PAID
-            case Outcome.RELEASED | Outcome.ALREADY_RELEASED:
-                return order.status in RELEASED_STATUSES
-        raise ValueError(f"a payment notice does not answer {settlement.outcome}")
+        """Wait for SQL to hold what ``settlement`` says (see ``services.landings``)."""
+        answered = Answered.of(item_id, order_id, payment_id, settlement)
+        if not await self._landings.held(answered, timeout_s=self._landing_timeout_s):
+            raise NotLanded(
+                f"payment {payment_id} of order {order_id} is not in the database yet "
+                f"(waited {self._landing_timeout_s:g} s): send the notice again"
+            )
 
     async def _archived(self, item_id: int) -> bool:
         return await self._ledger.archived_at(item_id) is not None

@@ -9,12 +9,12 @@ comes later for an archived item is settled here, with the answers Redis would g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from seckill.domain.events import EventKind, RefundReason, ReleaseReason
@@ -42,6 +42,14 @@ class Owed:
 
     count: int
     amount_cents: int
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """What SQL holds of some orders and refunds owed (``Payments.settled``)."""
+
+    orders: dict[int, tuple[int, OrderStatus, str | None]]  # id -> (item, status, payment id)
+    refunds: set[tuple[int, str]]  # (item id, payment id) of the refunds owed found
 
 
 class Payments:
@@ -119,6 +127,30 @@ class Payments:
                 )
             ).one()
             return Owed(int(count), int(cents))
+
+    async def settled(
+        self, order_ids: Collection[int], refunds: Collection[tuple[int, str]]
+    ) -> Settled:
+        """What SQL holds of some orders and refunds owed (``refunds``: (item id, payment id)),
+        one statement each, for the payment notices waiting for it (``services.landings``)."""
+        orders: dict[int, tuple[int, OrderStatus, str | None]] = {}
+        owed: set[tuple[int, str]] = set()
+        async with self.engine.connect() as conn:
+            if order_ids:
+                rows = await conn.execute(
+                    select(Order.id, Order.item_id, Order.status, Order.payment_id).where(
+                        Order.id.in_(order_ids)
+                    )
+                )
+                orders = {r.id: (r.item_id, OrderStatus(r.status), r.payment_id) for r in rows}
+            if refunds:
+                rows = await conn.execute(
+                    select(Refund.item_id, Refund.payment_id).where(
+                        tuple_(Refund.item_id, Refund.payment_id).in_(list(refunds))
+                    )
+                )
+                owed = {(r.item_id, r.payment_id) for r in rows}
+        return Settled(orders, owed)
 
     async def keep(self, item_id: int, payments: Sequence[PaymentRecord]) -> None:
         """Record an item's payment notices (one already recorded keeps its first answer)."""
