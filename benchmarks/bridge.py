@@ -70,7 +70,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from redis.asyncio import BlockingConnectionPool, Redis
 
-from benchmarks.harness import cpu_spent, free_port, redis_binary
+from benchmarks.harness import cpu_spent, free_port, percentile, redis_binary
 from seckill.domain.events import decode_event
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
@@ -621,13 +621,6 @@ async def buy_steadily(
                 await asyncio.sleep(wait)
             group.create_task(buy(n, ids.next()))
     return answered
-
-
-def percentile(ordered: Sequence[float], share: float) -> float | None:
-    """The value below which ``share`` of ``ordered`` (ascending) lies; None if empty."""
-    if not ordered:
-        return None
-    return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))], 1)
 
 
 def table(results: dict[str, Any], brokers: Sequence[str]) -> None:

@@ -309,6 +309,13 @@ async def drained(client: ApiClient, item_id: int, timeout_s: float) -> None:
         await asyncio.sleep(0.2)
 
 
+def percentile(ordered: Sequence[float], share: float) -> float | None:
+    """The value below which ``share`` of ``ordered`` (ascending) lies, to 0.1; None if empty."""
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))], 1)
+
+
 # -- CPU accounting ------------------------------------------------------------------------------
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import tempfile
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ from benchmarks.harness import (
     fetch_tickets,
     free_port,
     make_crowd,
+    percentile,
     redis_binary,
     running,
     seckill_command,
@@ -51,11 +51,6 @@ from seckill.crowd.client import ApiClient, Reply
 from seckill.redis_server import RedisServer
 
 CONCURRENCY = 64
-
-
-def percentile(values: Sequence[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
 async def paced(
@@ -113,10 +108,11 @@ async def sale(url: str, args: argparse.Namespace, pids: dict[str, int | None]) 
         for name, calls in phases.items():
             with cpu_spent(pids) as spent:
                 latencies, answers = await paced(calls, args.rate)
+            latencies.sort()
             figures[name] = {
-                "p50_ms": round(statistics.median(latencies), 2),
-                "p99_ms": round(percentile(latencies, 0.99), 2),
-                "max_ms": round(max(latencies), 2),
+                "p50_ms": percentile(latencies, 0.50),
+                "p99_ms": percentile(latencies, 0.99),
+                "max_ms": round(latencies[-1], 1),
                 "api_cpu_us": round(spent["api"] / len(calls) * 1e6, 1),
                 "persister_cpu_us": round(spent["persister"] / len(calls) * 1e6, 1),
                 "answers": dict(answers),
