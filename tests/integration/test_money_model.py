@@ -1,6 +1,7 @@
 """Every charge accounted for, under whatever a payment provider sends: a Hypothesis state machine
 over payment notices (successes and failures, reused payment ids, retries, two notices at once,
-holds running out, and archiving the item mid-run) against real Redis and SQL.
+holds running out, and archiving the item mid-run) against real Redis and SQL, a persister
+landing while notices wait (each is answered once SQL holds what it did).
 
 The invariant, after every step: every success notice ever accepted is exactly one of the
 payment of a paid order or a refund owed for that payment, no payment id belongs to two orders
@@ -126,19 +127,31 @@ class MoneyMachine(RuleBasedStateMachine):
         self.run(self.redis.aclose())
         self.run(self.database.dispose())
 
-    async def land(self) -> None:
+    def persister(self) -> Persister:
         # Nothing writes while it lands, so a read that waits for new entries waits in vain:
         # 10 ms, not the default second (two quiet reads at 1 s made archiving most of the run).
-        persister = Persister(
+        return Persister(
             redis=self.redis,
             ledger=self.ledger,
             consumer="model",
             config=PersisterConfig(block_ms=10),
             prefix=DEFAULT_PREFIX,
         )
+
+    async def land(self) -> None:
+        persister = self.persister()
         quiet = 0
         while quiet < 2:
             quiet = quiet + 1 if await persister.run_once() == 0 else 0
+
+    async def landing(self, answers: Coroutine[Any, Any, T]) -> T:
+        """``answers`` (notices), with the persister landing meanwhile: a notice is answered
+        once SQL holds what it did."""
+        answered = asyncio.ensure_future(answers)
+        persister = self.persister()
+        while not answered.done():
+            await persister.run_once()
+        return answered.result()
 
     # -- what a provider sends -----------------------------------------------------------------
 
@@ -186,14 +199,14 @@ class MoneyMachine(RuleBasedStateMachine):
     def notice(self, data: st.DataObject, payment_id: str, succeeded: bool) -> None:
         order_id = data.draw(st.sampled_from(self.orders), label="order")
         notice = Notice(order_id, payment_id, succeeded)
-        self.learn(notice, self.run(self.notify(notice)))
+        self.learn(notice, self.run(self.landing(self.notify(notice))))
 
     @precondition(lambda self: self.first)
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
         """The provider sends a notice again: its first answer, replayed."""
         notice = data.draw(st.sampled_from(sorted(self.first, key=repr)), label="retried")
-        answer = self.run(self.notify(notice))
+        answer = self.run(self.landing(self.notify(notice)))
         assert isinstance(answer, PaymentSettlement), (notice, answer)
         self.learn(notice, answer)
 
@@ -215,7 +228,7 @@ class MoneyMachine(RuleBasedStateMachine):
         async def both() -> list[Any]:
             return list(await asyncio.gather(*(self.notify(n) for n in pair)))
 
-        for notice, answer in zip(pair, self.run(both()), strict=True):
+        for notice, answer in zip(pair, self.run(self.landing(both())), strict=True):
             self.learn(notice, answer)
 
     @precondition(lambda self: self.orders and not self.archived)
