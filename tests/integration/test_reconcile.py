@@ -341,3 +341,28 @@ async def test_items_compared_together_are_each_compared_as_alone(sale: Sale) ->
     alone = [await reconciler(sale).reconcile(item_id) for item_id in item_ids]
     assert [r.found for r in together] == [r.found for r in alone]
     assert [r.redis_stock for r in together] == [r.redis_stock for r in alone]
+
+
+async def test_one_payment_id_on_two_items_is_reported_with_both_orders(sale: Sale) -> None:
+    """Payment ids are scoped per item, a provider's are global: a charge the shop sent with the
+    wrong item id paid an order of each. Each item's look reports it, naming both orders; an
+    archived item's notices count too."""
+    other_id = await sale.ledger.create_item(new_item(total=10, limit=2))
+    await warm_item(sale.engine, sale.ledger, other_id)
+    other = Sale(sale.engine, sale.ledger, sale.redis, other_id, sale.ids)
+    here, there, alone = await sale.buy("b1"), await other.buy("b1"), await other.buy("b2")
+    assert here and there and alone
+    await pay(sale.engine, sale.item_id, here, "ch_shared")
+    await pay(sale.engine, other_id, there, "ch_shared")
+    await pay(sale.engine, other_id, alone, "ch_own")
+    await drain(sale)
+    await drain(other)
+
+    reports = await reconciler(sale).reconcile_many([sale.item_id, other_id])
+
+    both = f"item {sale.item_id} order {here}; item {other_id} order {there}"
+    for report in reports:
+        assert [(f.kind, f.subject, f.sql) for f in report.found] == [
+            (Drift.PAYMENT_ON_TWO_ITEMS, "payment ch_shared", both)
+        ], report.found
+    assert (await reconciler(sale).reconcile(sale.item_id, repair=True)).left  # for a person

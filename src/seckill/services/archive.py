@@ -213,10 +213,12 @@ class Archivist:
                 found.append(
                     Hindrance(Unsettled.DEAD_LETTERS, f"{shard_keys.dead_letters}: {shown}")
                 )
+        # Dead letters are told above, with what to do; a payment id another item used too is
+        # between the two items' records, which archiving keeps whole (the reconciler reports it).
         drift = [
             f
             for f in (await self._reconciler.compare(item_id)).findings
-            if f.kind is not Drift.DEAD_LETTERS  # told above, with what to do
+            if f.kind not in (Drift.DEAD_LETTERS, Drift.PAYMENT_ON_TWO_ITEMS)
         ]
         if drift:
             shown = "; ".join(f"{f.kind} {f.subject}" for f in drift[:3])

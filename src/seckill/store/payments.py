@@ -27,6 +27,8 @@ from seckill.domain.times import datetime_to_ms
 from seckill.store.records import PaymentRecord, RefundRecord
 from seckill.store.tables import Item, Order, Payment, Refund, StockFlow
 
+LOOKUP_CHUNK = 500  # payment ids per statement (an IN list the servers plan well)
+
 
 @dataclass(frozen=True, slots=True)
 class RefundPage:
@@ -151,6 +153,28 @@ class Payments:
                 )
                 owed = {(r.item_id, r.payment_id) for r in rows}
         return Settled(orders, owed)
+
+    async def charged_on(self, payment_ids: Collection[str]) -> dict[str, set[tuple[int, int]]]:
+        """Each payment id's charges over every item, as (item id, order id): the order it paid,
+        the refund owed for it, an archived item's successful notice. Payment ids are scoped
+        per item and a provider's are global, so one charge on two items shows both."""
+        found: dict[str, set[tuple[int, int]]] = {}
+        wanted = sorted(payment_ids)
+        sources = (
+            (Order.payment_id, Order.item_id, Order.id),
+            (Refund.payment_id, Refund.item_id, Refund.order_id),
+            (Payment.payment_id, Payment.item_id, Payment.order_id),
+        )
+        async with self.engine.connect() as conn:
+            for at in range(0, len(wanted), LOOKUP_CHUNK):
+                chunk = wanted[at : at + LOOKUP_CHUNK]
+                for payment_id, item_id, order_id in sources:
+                    query = select(payment_id, item_id, order_id).where(payment_id.in_(chunk))
+                    if payment_id is Payment.payment_id:
+                        query = query.where(Payment.succeeded.is_(True))
+                    for pid, item, order in await conn.execute(query):
+                        found.setdefault(str(pid), set()).add((item, order))
+        return found
 
     async def keep(self, item_id: int, payments: Sequence[PaymentRecord]) -> None:
         """Record an item's payment notices (one already recorded keeps its first answer)."""

@@ -147,6 +147,7 @@ class Order(Base):
         Index(None, "item_id", "buyer"),
         # A payment id names one payment of its item: it pays one order at most.
         UniqueConstraint("item_id", "payment_id"),
+        Index(None, "payment_id"),  # looked up across items (the reconciler)
     )
 
 
@@ -212,7 +213,7 @@ class Payment(Base):
     reason: Mapped[str | None] = mapped_column(String(16))
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
-    __table_args__ = (Index(None, "order_id"),)
+    __table_args__ = (Index(None, "order_id"), Index(None, "payment_id"))
 
 
 class Refund(Base):
@@ -239,6 +240,7 @@ class Refund(Base):
         UniqueConstraint("item_id", "payment_id"),
         Index(None, "order_id"),
         Index(None, "refunded_at", "id"),
+        Index(None, "payment_id"),
     )
 
 

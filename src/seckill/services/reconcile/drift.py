@@ -18,6 +18,7 @@ fold is drift.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -54,6 +55,7 @@ class Drift(StrEnum):
     REFUND_MISSING_IN_REDIS = "refund_missing_in_redis"  # SQL landed it; Redis does not know it
     PAYMENT_REUSED = "payment_reused"  # a payment id on two orders
     CHARGE_UNACCOUNTED = "charge_unaccounted"  # a charge neither a sale nor a refund owed
+    PAYMENT_ON_TWO_ITEMS = "payment_on_two_items"  # one provider charge on orders of two items
 
 
 # Drift that only rebuilding the item from SQL repairs: Redis lost acknowledged writes.
@@ -73,6 +75,7 @@ MONEY_DRIFT = frozenset(
         Drift.REFUND_MISSING_IN_REDIS,
         Drift.PAYMENT_REUSED,
         Drift.CHARGE_UNACCOUNTED,
+        Drift.PAYMENT_ON_TWO_ITEMS,
     }
 )
 
@@ -318,6 +321,31 @@ def money_findings(accounts: Accounts, side: str) -> list[Finding]:
         Finding(Drift.CHARGE_UNACCOUNTED, f"payment {p.split(':')[0]}", side, "-", p)
         for p in accounts.unaccounted
     ]
+
+
+def payment_ids(book: ItemBook) -> set[str]:
+    """Every payment id SQL records a charge of on the item: paid orders, refunds owed, an
+    archived item's successful notices."""
+    paid = {o.payment_id for o in book.orders.values() if o.payment_id is not None}
+    noticed = {p.payment_id for p in book.payments.values() if p.succeeded}
+    return paid | set(book.refunds) | noticed
+
+
+def cross_item_findings(
+    item_id: int, book: ItemBook, charged_on: Mapping[str, set[tuple[int, int]]]
+) -> list[Finding]:
+    """The item's payment ids that charged orders of another item too (a provider's ids are
+    global; a shop that sent the wrong item id with a charge had it pay twice)."""
+    findings = []
+    for payment_id in sorted(payment_ids(book)):
+        charges = charged_on.get(payment_id, set())
+        if {item for item, _ in charges} - {item_id}:
+            where = "; ".join(f"item {item} order {order}" for item, order in sorted(charges))
+            findings.append(
+                Finding(Drift.PAYMENT_ON_TWO_ITEMS, f"payment {payment_id}", "-", where,
+                        payment_id=payment_id)
+            )  # fmt: skip
+    return findings
 
 
 def sql_accounts(book: ItemBook) -> Accounts:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from seckill.domain.events import stream_position
@@ -50,11 +50,13 @@ from seckill.services.reconcile.drift import (
     REDIS_LOST,
     Drift,
     Finding,
+    cross_item_findings,
     dead_letter_findings,
     find_drift,
     fold,
     journal_gaps,
     money_findings,
+    payment_ids,
     sql_accounts,
     sql_findings,
 )
@@ -173,6 +175,9 @@ class Reconciler:
         shards = [(item_id, shard) for item_id in item_ids for shard in range(counts[item_id])]
         snapshots = await self._engine.snapshots(shards)
         books = await self._ledger.books(item_ids)
+        charged_on = await self._ledger.payments.charged_on(
+            {p for book in books.values() for p in payment_ids(book)}
+        )
         positions = await self._engine.last_event_ids(shards)
         dead = await self._ledger.dead_letter_counts(
             [self._engine.keys(item_id, shard).events for item_id, shard in shards]
@@ -182,7 +187,7 @@ class Reconciler:
             by_item[snapshot.item_id].append((snapshot, position))
         return {
             item_id: self._compared(
-                item_id, counts[item_id], by_item[item_id], books[item_id], dead
+                item_id, counts[item_id], by_item[item_id], books[item_id], dead, charged_on
             )
             for item_id in item_ids
         }
@@ -194,10 +199,12 @@ class Reconciler:
         read: list[tuple[ItemSnapshot, str]],
         book: ItemBook,
         dead: dict[str, int],
+        charged_on: Mapping[str, set[tuple[int, int]]],
     ) -> Comparison:
         letters = [dead[self._engine.keys(item_id, shard).events] for shard in range(shards)]
+        on_two_items = cross_item_findings(item_id, book, charged_on)
         if book.archived:  # SQL is its whole record: checked against itself alone
-            return Comparison([], book, _archived_findings(book, letters))
+            return Comparison([], book, _archived_findings(book, letters) + on_two_items)
         findings: list[Finding] = []
         for snapshot, position in read:
             shard = snapshot.shard
@@ -215,7 +222,7 @@ class Reconciler:
         # A payment id is the item's, whatever the shards: each side's charges, over them all.
         findings += money_findings(redis_accounts(snapshots), "Redis")
         findings += money_findings(sql_accounts(book), "SQL")
-        return Comparison(snapshots, book, findings)
+        return Comparison(snapshots, book, findings + on_two_items)
 
     async def reconcile_many(
         self, item_ids: Sequence[int], *, repair: bool = False
