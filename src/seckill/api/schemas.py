@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
@@ -25,7 +26,13 @@ from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_QUEUE_OPEN_SECONDS, S
 from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.money import RefundState
 from seckill.domain.orders import OrderStatus
-from seckill.domain.rules import MAX_ID, MAX_QUANTITY, MAX_STOCK_SHARDS
+from seckill.domain.rules import (
+    CONTROL_CHARACTERS,
+    MAX_ID,
+    MAX_QUANTITY,
+    MAX_STOCK_SHARDS,
+    has_control_character,
+)
 
 OrderId = Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]{0,18}$")]
 Token = Annotated[str, StringConstraints(pattern=r"^[!-~]{1,64}$")]  # visible ASCII
@@ -52,6 +59,21 @@ def _text_only(value: object) -> object:
 DateTimeText = Annotated[AwareDatetime, BeforeValidator(_text_only)]
 
 
+def _plain(value: str) -> str:
+    if has_control_character(value):
+        raise ValueError("control characters are refused")
+    return value
+
+
+# Free text a person or a system names something by: no control character (the rule is
+# ``seckill.domain.rules.has_control_character``; the schema says it as a pattern).
+PlainText = Annotated[
+    str,
+    AfterValidator(_plain),
+    Field(json_schema_extra={"pattern": "^" + CONTROL_CHARACTERS.replace("[", "[^", 1) + "*$"}),
+]
+
+
 class _In(BaseModel):
     """A request body: read by ``seckill.api.bodies.parse_body`` (each key once), unknown keys
     refused, integers as JSON integers (``StrictInt``)."""
@@ -66,7 +88,7 @@ class _In(BaseModel):
 
 
 class NewItemIn(_In):
-    name: str = Field(min_length=1, max_length=200)
+    name: PlainText = Field(min_length=1, max_length=200)
     price_cents: StrictInt = Field(ge=0, le=10**15)
     total: StrictInt = Field(ge=0, le=10**12)
     starts_at: DateTimeText
@@ -331,10 +353,10 @@ class QueueReportOut(BaseModel):
 
 
 class DeadLettersIn(_In):
-    ids: list[Annotated[str, StringConstraints(min_length=1, max_length=200)]] = Field(
+    ids: list[Annotated[PlainText, StringConstraints(min_length=1, max_length=200)]] = Field(
         min_length=1, max_length=500, description="Dead letter ids, as the list gives them."
     )
-    group: str | None = Field(
+    group: PlainText | None = Field(
         None, max_length=200, description="Only if they are this consumer group's."
     )
 

@@ -41,6 +41,18 @@ def _visible_ascii(value: Any, max_len: int) -> bool:
     )
 
 
+# C0 and C1 controls (NUL among them, which PostgreSQL refuses in text and SQLite keeps), and
+# lone surrogates (a JSON "\ud800" escape), which no database's UTF-8 can store.
+CONTROL_CHARACTERS = r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]"
+_CONTROL = re.compile(CONTROL_CHARACTERS)
+
+
+def has_control_character(text: str) -> bool:
+    """Whether ``text`` holds a character no name or id may: the one rule for free text (item
+    names, dead letter ids, group names) wherever it comes from."""
+    return _CONTROL.search(text) is not None
+
+
 def check_item_id(item_id: Any) -> None:
     if not _whole(item_id, 1, MAX_ID):
         raise InvalidRequest(
