@@ -139,3 +139,118 @@ async def test_the_schema_says_so(api: Api) -> None:
         assert "given twice" in body["description"], where
     quantity = schema["components"]["schemas"]["BuyIn"]["properties"]["quantity"]
     assert quantity["type"] == "integer"
+
+
+# Bodies are UTF-8, sent as application/json: json.loads(bytes) would guess UTF-16 or UTF-32,
+# and a proxy or firewall reading UTF-8 would see another request than the one acted on.
+QUANTITY_3 = '{"quantity": 3}'
+FOREIGN = {
+    "utf-16 with a BOM": ("utf-16", "UTF-16"),
+    "utf-16 without": ("utf-16-le", "UTF-16"),
+    "utf-32 with a BOM": ("utf-32", "UTF-32"),
+    "utf-32 without": ("utf-32-be", "UTF-32"),
+}
+
+
+def new_item_body() -> str:
+    return (
+        '{"name": "n", "price_cents": 100, "total": 5, '
+        '"starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-01T01:00:00Z"}'
+    )
+
+
+def notice_body(item_id: int, order_id: str) -> str:
+    return (
+        f'{{"payment_id": "pay-1", "item_id": {item_id}, "order_id": "{order_id}", '
+        '"status": "succeeded"}'
+    )
+
+
+@pytest.mark.parametrize(("codec", "named"), FOREIGN.values(), ids=FOREIGN.keys())
+async def test_a_purchase_in_another_encoding_is_refused(api: Api, codec: str, named: str) -> None:
+    item_id = await api.create_item(total=5, limit=3)
+    status, answer = await buy_with(api, item_id, QUANTITY_3.encode(codec), "foreign")
+    assert (status, answer) == (
+        422,
+        {"error": "invalid_request", "message": f"body: not UTF-8 ({named} is refused)"},
+    )
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and stock.held == 0
+
+
+async def test_a_purchase_in_utf8_with_a_bom_is_refused(api: Api) -> None:
+    item_id = await api.create_item(total=5, limit=3)
+    status, answer = await buy_with(api, item_id, QUANTITY_3.encode("utf-8-sig"), "bom")
+    assert (status, answer["message"]) == (422, "body: UTF-8 with a byte order mark")
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and stock.held == 0
+
+
+@pytest.mark.parametrize(("codec", "named"), FOREIGN.values(), ids=FOREIGN.keys())
+async def test_a_new_item_in_another_encoding_is_refused(api: Api, codec: str, named: str) -> None:
+    refused = await api.http.post(
+        "/api/v1/admin/items",
+        headers={**api.as_admin, "Content-Type": "application/json"},
+        content=new_item_body().encode(codec),
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["message"] == f"body: not UTF-8 ({named} is refused)"
+    listed = await api.http.get("/api/v1/admin/items", headers=api.as_admin)
+    assert listed.json()["items"] == []
+
+
+@pytest.mark.parametrize(("codec", "named"), FOREIGN.values(), ids=FOREIGN.keys())
+async def test_a_payment_notice_in_another_encoding_is_refused(
+    api: Api, codec: str, named: str
+) -> None:
+    item_id = await api.create_item(total=5)
+    order_id = (await api.buy(item_id, "alice", "k")).json()["order_id"]
+    body = notice_body(item_id, order_id).encode(codec)  # signed as sent: only the text is bad
+    refused = await api.http.post(
+        "/api/v1/payments/callback", content=body, headers=api.signed_headers(body)
+    )
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["message"] == f"body: not UTF-8 ({named} is refused)"
+    hold = await api.runtime.engine.hold(item_id, int(order_id))
+    assert hold is not None and hold.state == "held"
+    paid = await api.pay(item_id, order_id, "pay-1")  # the payment id was not recorded
+    assert paid.json()["outcome"] == "paid", paid.text
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/json; charset=utf-16", "application/xml"]
+)
+async def test_a_body_not_sent_as_json_is_a_415_on_every_route(
+    api: Api, content_type: str | None
+) -> None:
+    item_id = await api.create_item(total=5)
+    order_id = (await api.buy(item_id, "alice", "k")).json()["order_id"]
+    sent = {} if content_type is None else {"Content-Type": content_type}
+    notice = notice_body(item_id, order_id).encode()
+    signed = {**api.signed_headers(notice), **sent}
+    if content_type is None:
+        del signed["Content-Type"]
+    ticket = await api.ticket(item_id, "bob")
+    calls = [
+        (
+            f"/api/v1/items/{item_id}/orders",
+            {**api.as_buyer("bob"), "Idempotency-Key": "k", TICKET_HEADER: ticket, **sent},
+            QUANTITY_3.encode(),
+        ),
+        ("/api/v1/admin/items", {**api.as_admin, **sent}, new_item_body().encode()),
+        ("/api/v1/payments/callback", signed, notice),
+        ("/api/v1/admin/dead-letters/replay", {**api.as_admin, **sent}, b'{"ids": ["1-1"]}'),
+        ("/api/v1/admin/dead-letters/drop", {**api.as_admin, **sent}, b'{"ids": ["1-1"]}'),
+    ]
+    for path, headers, body in calls:
+        # aiohttp names bytes application/octet-stream unless told otherwise: skip that default.
+        answer = await api.http.post(path, headers={"Content-Type": "", **headers}, content=body)
+        assert answer.status_code == 415, (path, answer.text)
+        assert answer.json()["error"] == "unsupported_media_type", (path, answer.text)
+    # Nothing was bought, created or paid.
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and stock.held == 1
+    hold = await api.runtime.engine.hold(item_id, int(order_id))
+    assert hold is not None and hold.state == "held"
+    listed = await api.http.get("/api/v1/admin/items", headers=api.as_admin)
+    assert len(listed.json()["items"]) == 1

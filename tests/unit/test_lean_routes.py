@@ -33,40 +33,73 @@ def test_a_bearer_token_is_read_as_the_framework_reads_it(authorization: str | N
     ("body", "content_type", "quantity"),
     [
         (b"", None, 1),
+        (b"", b"text/plain", 1),  # no body: nothing to read, whatever it says it is
         (b'{"quantity": 3}', b"application/json", 3),
-        (b'{"quantity": 3}', None, 3),
+        (b'{"quantity": 3}', b"Application/JSON", 3),
         (b'{"quantity": 3}', b"application/json; charset=utf-8", 3),
-        (b"{}", b"application/vnd.seckill+json", 1),
+        (b'{"quantity": 3}', b'application/json;charset="UTF-8"', 3),
+        (b'{"quantity": 3}', b"application/json;", 3),
     ],
 )
 def test_bodies_that_buy(body: bytes, content_type: bytes | None, quantity: int) -> None:
     assert _quantity(body, content_type).quantity == quantity
 
 
+JSON = b"application/json"
+QUANTITY_3 = '{"quantity": 3}'
+
+
 @pytest.mark.parametrize(
-    ("body", "content_type", "says"),
+    ("body", "says"),
     [
-        (b'{"quantity": 0}', None, "body.quantity: Input should be greater than or equal to 1"),
-        (b'{"quantity": 1.5}', None, "body.quantity"),
-        (b'{"quantity": null}', None, "body.quantity"),
+        (b'{"quantity": 0}', "body.quantity: Input should be greater than or equal to 1"),
+        (b'{"quantity": 1.5}', "body.quantity"),
+        (b'{"quantity": null}', "body.quantity"),
         # Strict: a JSON integer, and each key once (a first-key reader would buy 1).
-        (b'{"quantity": "3"}', None, "body.quantity: Input should be a valid integer"),
-        (b'{"quantity": true}', None, "body.quantity: Input should be a valid integer"),
-        (b'{"quantity": 1.0}', None, "body.quantity: Input should be a valid integer"),
-        (b'{"quantity": 1, "quantity": 3}', None, "body.quantity: given twice"),
-        (b'{"quantity": 1, "price": 0}', None, "body.price: Extra inputs are not permitted"),
-        (b"[1, 2]", None, "body: Input should be a valid dictionary"),
-        (b"{not json", None, "body: not valid JSON"),
-        (b"\xff{}", None, "body: not valid JSON"),
-        (b"[" * 5000 + b"]" * 5000, None, "body: not valid JSON"),
-        (b'{"quantity": 1}', b"text/plain", "body: send it as application/json"),
+        (b'{"quantity": "3"}', "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": true}', "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": 1.0}', "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": 1, "quantity": 3}', "body.quantity: given twice"),
+        (b'{"quantity": 1, "price": 0}', "body.price: Extra inputs are not permitted"),
+        (b"[1, 2]", "body: Input should be a valid dictionary"),
+        (b"{not json", "body: not valid JSON"),
+        (b"[" * 5000 + b"]" * 5000, "body: not valid JSON"),
+        # UTF-8 only, read strictly: json.loads(bytes) would guess the others and buy 3.
+        (b"\xff{}", "body: not UTF-8"),
+        (QUANTITY_3.encode("utf-16"), "body: not UTF-8 (UTF-16 is refused)"),
+        (QUANTITY_3.encode("utf-16-le"), "body: not UTF-8 (UTF-16 is refused)"),
+        (QUANTITY_3.encode("utf-16-be"), "body: not UTF-8 (UTF-16 is refused)"),
+        (QUANTITY_3.encode("utf-32"), "body: not UTF-8 (UTF-32 is refused)"),
+        (QUANTITY_3.encode("utf-32-le"), "body: not UTF-8 (UTF-32 is refused)"),
+        (QUANTITY_3.encode("utf-32-be"), "body: not UTF-8 (UTF-32 is refused)"),
+        (QUANTITY_3.encode("utf-8-sig"), "body: UTF-8 with a byte order mark"),
+        (b'{"quantity": 3\xc0\xaf}', "body: not UTF-8"),  # an overlong "/"
     ],
 )
-def test_bodies_that_are_refused(body: bytes, content_type: bytes | None, says: str) -> None:
+def test_bodies_that_are_refused(body: bytes, says: str) -> None:
     with pytest.raises(ApiError) as refused:
-        _quantity(body, content_type)
+        _quantity(body, JSON)
     assert (refused.value.status, refused.value.code) == (422, "invalid_request")
-    assert refused.value.message.startswith(says)
+    assert refused.value.message.startswith(says), refused.value.message
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        b"text/plain",
+        b"application/x-www-form-urlencoded",
+        b"application/vnd.seckill+json",
+        b"application/jsonx",
+        b"application/json; charset=utf-16",
+        b"application/json; charset=latin-1",
+        b"application/json; boundary=x",
+    ],
+)
+def test_a_body_not_sent_as_json_in_utf8_is_a_415(content_type: bytes | None) -> None:
+    with pytest.raises(ApiError) as refused:
+        _quantity(b'{"quantity": 3}', content_type)
+    assert (refused.value.status, refused.value.code) == (415, "unsupported_media_type")
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ Ctx = Annotated[Context, Depends(context)]
     "/items",
     status_code=201,
     response_model=ItemOut,
-    responses=documented(401, 403, 413, 422, 503),
+    responses=documented(401, 403, 413, 415, 422, 503),
     openapi_extra=body_schema(NewItemIn),
 )
 async def create_item(

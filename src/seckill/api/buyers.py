@@ -54,7 +54,7 @@ def item_out(seen: ItemOnSale) -> ItemOut:
     response_model=ReservationOut,
     # 409 request_in_flight (the same key's first request is still being decided) says when
     # to ask again; a sold-out 409 does not.
-    responses=documented(400, 401, 403, 404, 409, 413, 422, 429, 503, retry_after=(409,)),
+    responses=documented(400, 401, 403, 404, 409, 413, 415, 422, 429, 503, retry_after=(409,)),
 )
 async def buy(
     item_id: ItemId,

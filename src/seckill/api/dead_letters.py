@@ -67,7 +67,7 @@ async def dead_letters(
 @router.post(
     "/dead-letters/replay",
     response_model=SettledOut,
-    responses=documented(401, 403, 413, 422, 503),
+    responses=documented(401, 403, 413, 415, 422, 503),
     openapi_extra=body_schema(DeadLettersIn),
 )
 async def replay(
@@ -91,7 +91,7 @@ async def replay(
 @router.post(
     "/dead-letters/drop",
     response_model=SettledOut,
-    responses=documented(401, 403, 413, 422, 503),
+    responses=documented(401, 403, 413, 415, 422, 503),
     openapi_extra=body_schema(DeadLettersIn),
 )
 async def drop(

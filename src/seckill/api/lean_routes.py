@@ -13,9 +13,9 @@ each of these cost several times its own work, so they are served here as plain 
 * ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: admission (beyond
   ``admission_max_in_flight`` purchases in flight, 503 ``overloaded`` at once); the body's size
   (413 before it is read whole); the bearer token (401, 403 for an admin's); the item id and the
-  body (``{"quantity": n}``, optional; 422); the ``Idempotency-Key`` (400 without one) and the
-  ticket (403 ``invalid_ticket``); then ``Purchases.buy``, one Redis round trip (the sold-out
-  flag before it);
+  body (``{"quantity": n}``, optional; read by ``seckill.api.bodies``: 415, 422); the
+  ``Idempotency-Key`` (400 without one) and the ticket (403 ``invalid_ticket``); then
+  ``Purchases.buy``, one Redis round trip (the sold-out flag before it);
 * ``GET /livez``: the liveness probe, answered with no I/O at all.
 
 Each request gets what the framework's layers give the other routes, from the same places: the
@@ -318,16 +318,7 @@ def _item_id(pattern: re.Pattern[str], path: str) -> int:
 
 
 def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:
-    """The body as ``BuyIn``: none at all buys one unit."""
+    """The body as ``BuyIn``: none at all buys one unit; one sent is read as every body is."""
     if not body:
         return _NO_BODY
-    if content_type is not None and not _is_json(content_type):
-        raise ApiError(422, ApiRefusal.INVALID_REQUEST, "body: send it as application/json")
-    return parse_body(BuyIn, body)
-
-
-def _is_json(content_type: bytes) -> bool:
-    media = content_type.split(b";", 1)[0].strip().lower()
-    return media == b"application/json" or (
-        media.startswith(b"application/") and media.endswith(b"+json")
-    )
+    return parse_body(BuyIn, body, content_type)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from seckill.api.bodies import body_schema, parse_body
+from seckill.api.bodies import body_schema, content_type_of, parse_body
 from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.schemas import PaymentNoticeIn, PaymentOut
@@ -21,7 +21,7 @@ Ctx = Annotated[Context, Depends(context)]
 @router.post(
     "/callback",
     response_model=PaymentOut,
-    responses=documented(401, 404, 413, 422, 503),
+    responses=documented(401, 404, 413, 415, 422, 503),
     openapi_extra={
         "parameters": [
             {
@@ -51,7 +51,7 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
         now=time.time(),
         tolerance_seconds=ctx.runtime.settings.payment_tolerance_seconds,
     )
-    notice = parse_body(PaymentNoticeIn, body)
+    notice = parse_body(PaymentNoticeIn, body, content_type_of(request.headers))
     settlement, view = await ctx.orders.settle_payment(
         notice.item_id,
         int(notice.order_id),

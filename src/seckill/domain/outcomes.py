@@ -101,6 +101,7 @@ class ApiRefusal(StrEnum):
 
     INVALID_REQUEST = "invalid_request"
     BODY_TOO_LARGE = "body_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     IDEMPOTENCY_KEY_REQUIRED = "idempotency_key_required"
