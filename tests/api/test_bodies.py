@@ -1,7 +1,8 @@
 """Bodies are read strictly on every route that takes one: a key given twice is a 422 naming it,
 and integers are JSON integers. A lenient reader would take the last of two keys and read "1",
 true or 1.0 as 1: a client or provider whose parser reads otherwise would disagree with us about
-what it sent. Each refusal changes nothing."""
+what it sent. The same for the bytes (UTF-8 only, sent as application/json) and for a query
+parameter given twice. Each refusal changes nothing."""
 
 from __future__ import annotations
 
@@ -254,3 +255,35 @@ async def test_a_body_not_sent_as_json_is_a_415_on_every_route(
     assert hold is not None and hold.state == "held"
     listed = await api.http.get("/api/v1/admin/items", headers=api.as_admin)
     assert len(listed.json()["items"]) == 1
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/admin/items?limit=1&limit=2",
+        "/api/v1/admin/refunds?limit=1&state=owed&limit=2",
+        "/api/v1/admin/dead-letters?limit=&limit=",
+    ],
+)
+async def test_a_query_parameter_given_twice_is_refused(api: Api, path: str) -> None:
+    answer = await api.http.get(path, headers=api.as_admin)
+    assert (answer.status_code, answer.json()) == (
+        422,
+        {"error": "invalid_request", "message": "query.limit: given twice"},
+    )
+
+
+async def test_a_query_parameter_given_twice_is_refused_on_the_lean_routes(api: Api) -> None:
+    item_id = await api.create_item(total=5)
+    ticket = await api.ticket(item_id, "alice")
+    bought = await api.http.post(
+        f"/api/v1/items/{item_id}/orders?quantity=1&quantity=2",
+        headers={**api.as_buyer("alice"), "Idempotency-Key": "k", TICKET_HEADER: ticket},
+    )
+    assert (bought.status_code, bought.json()["message"]) == (422, "query.quantity: given twice")
+    read = await api.http.get(f"/api/v1/items/{item_id}?a=1&a=1")
+    assert (read.status_code, read.json()["message"]) == (422, "query.a: given twice")
+    stock = await api.runtime.engine.stock(item_id)
+    assert stock is not None and stock.held == 0
+    # Each once is no refusal.
+    assert (await api.http.get(f"/api/v1/items/{item_id}?a=1&b=1")).status_code == 200

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -31,6 +31,7 @@ from seckill.api.errors import install_error_handlers
 from seckill.api.lean_routes import LeanRoutes
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics
+from seckill.api.query_strings import query_once
 from seckill.api.request_ids import RequestIds
 from seckill.bootstrap.runtime import Runtime, open_runtime, settle_heap
 from seckill.bootstrap.services import build_context
@@ -125,6 +126,7 @@ def create_app(
         version=__version__,
         description="A flash-sale backend: every purchase decided by one atomic Redis script.",
         lifespan=lifespan,
+        dependencies=[Depends(query_once)],
     )
     app.state.drain = drain or Drain()
     install_error_handlers(app)

@@ -51,6 +51,7 @@ from seckill.api.paths import (
     TICKET_ROUTE,
     route_pattern,
 )
+from seckill.api.query_strings import check_query_once
 from seckill.api.queue import standing_out
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
 from seckill.api.request_ids import request_id_from
@@ -212,6 +213,8 @@ class LeanRoutes:
             raise BodyTooLarge(self.body_limit.message)
         else:
             body = b""
+        if scope["query_string"]:  # none of these routes takes one; still, each name once
+            check_query_once(scope["query_string"])
         item_id = _item_id(route.pattern, scope["path"]) if route.pattern.groups else 0
         return await route.decide(ctx, Request(item_id, headers, body, request_id))
 
