@@ -371,7 +371,8 @@ class Settings(BaseSettings):
         gt=0,
         description="The longest SQL may take to connect or answer one statement of an HTTP "
         "request (an admin route, an order view, a notice for an archived item): past it the "
-        "request is answered 503 database_unavailable instead of waiting. Workers keep the "
+        "request is answered 503 database_unavailable instead of waiting (database_busy when "
+        "it answers but a lock or a connection was not free in time). Workers keep the "
         "drivers' longer bounds.",
     )
 

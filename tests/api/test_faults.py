@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sqlite3
+import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -160,6 +163,71 @@ async def test_sql_black_holed_admin_routes_answer_503_never_hang(
     finally:
         proxy.restore()
         await proxy.stop()
+
+
+NEW_ITEM = {
+    "name": "x", "price_cents": 1, "total": 1,
+    "starts_at": "2030-01-01T00:00:00Z", "ends_at": "2030-01-02T00:00:00Z",
+}  # fmt: skip
+
+
+@single_redis
+async def test_item_creations_at_once_on_the_embedded_sqlite_all_succeed_while_busy(
+    redis_server: RedisTarget, tmp_path: Path
+) -> None:
+    """16 item creations at once on the default database, while the API's loop is busy (each
+    turn blocked 10 ms, as under load): every one is created. SQLite's writers used to wait for
+    its one lock in its busy handler, where the last ones passed the request's deadline (503).
+    The deadline is short here so that this happened on every run, not on some."""
+    settings = api_settings(
+        **redis_settings(redis_server), database_url="", data_dir=tmp_path,
+        sql_request_timeout_seconds=0.3,
+    )  # fmt: skip
+
+    async def busy_loop() -> None:
+        while True:
+            await asyncio.sleep(0)
+            time.sleep(0.01)  # noqa: ASYNC251 - the point: a loop kept busy
+
+    async with running_api(settings) as api:
+        busy = asyncio.create_task(busy_loop())
+        try:
+            for _ in range(3):  # the first burst also opens the pool's connections
+                created = await asyncio.gather(
+                    *(api.http.post("/api/v1/admin/items", headers=api.as_admin, json=NEW_ITEM)
+                      for _ in range(16))
+                )  # fmt: skip
+                assert [a.status_code for a in created] == [201] * 16, [a.text for a in created]
+        finally:
+            busy.cancel()
+        assert len(await api.runtime.ledger.items_on_sale(datetime.now(UTC))) == 48
+
+
+@single_redis
+@sqlite_only
+async def test_sql_busy_past_the_deadline_is_503_database_busy(
+    redis_server: RedisTarget, ledger: Ledger, sql_url: str, tmp_path: Path
+) -> None:
+    """Another process holds SQLite's write lock past the request's deadline: the database is
+    busy, not unreachable (503 database_busy, come back in a second); freed, it writes again."""
+    settings = api_settings(
+        **redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path,
+        sql_request_timeout_seconds=0.5,
+    )  # fmt: skip
+    database = make_url(sql_url).database
+    assert database
+    async with running_api(settings) as api:
+        holder = sqlite3.connect(database, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")  # the one writer's lock, held
+            create = await api.http.post("/api/v1/admin/items", headers=api.as_admin, json=NEW_ITEM)
+            assert (create.status_code, create.json()["error"]) == (503, "database_busy")
+            assert create.headers["Retry-After"] == "1"
+        finally:
+            holder.rollback()
+            holder.close()
+        create = await api.http.post("/api/v1/admin/items", headers=api.as_admin, json=NEW_ITEM)
+        assert create.status_code == 201, create.text
 
 
 @single_redis

@@ -29,7 +29,7 @@ from seckill.domain.outcomes import Outcome
 from seckill.domain.times import ms_to_datetime
 from seckill.engine.engine import RedisEngine
 from seckill.services.reconcile.records import compare_records
-from seckill.store.database import is_race, is_transient, open_database
+from seckill.store.database import is_busy, is_race, is_transient, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Base, Inventory, Order
 from tests.conftest import ManualClock, new_item, pay
@@ -161,7 +161,7 @@ async def test_constraint_failures_blame_the_entries_and_lost_connections_do_not
         with pytest.raises((DBAPIError, OSError)) as refused:  # asyncpg raises the OSError as is
             async with away.connect():
                 pass
-        assert is_transient(refused.value)
+        assert is_transient(refused.value) and not is_busy(refused.value)  # away, not busy
     finally:
         await away.dispose()
 
@@ -193,6 +193,7 @@ async def test_a_key_taken_first_is_a_race_and_a_lock_wait_is_an_outage(
         with pytest.raises(DBAPIError) as waited:
             await waiter.execute(update(Order).where(Order.id == 7).values(quantity=2))
         assert is_transient(waited.value) and not is_race(waited.value)  # 1205, SQLSTATE HY000
+        assert is_busy(waited.value)  # answered: a lock was not free in time
 
 
 async def test_a_resale_ahead_of_its_release_is_refused_as_ahead_of_the_stream(

@@ -36,7 +36,7 @@ from seckill.services.refunds import RefundNotFound
 from seckill.services.sold_out import SoldOut
 from seckill.services.tickets import GateRefused, SaleClosed
 from seckill.services.waiting_room import NoWaitingRoom
-from seckill.store.database import is_transient
+from seckill.store.database import is_busy, is_transient
 
 
 class Error(BaseModel):
@@ -170,6 +170,11 @@ def answer_for(exc: Exception) -> ApiError | None:
             return ApiError(503, ApiRefusal.NOT_DURABLE, str(exc), {"Retry-After": "1"})
         case WorkerIdLost():
             return ApiError(503, ApiRefusal.REDIS_UNAVAILABLE, str(exc), {"Retry-After": "1"})
+        # Busy (a lock, a pooled connection, a turn to write not free within the request's
+        # deadline) soon passes; unreachable may last.
+        case SQLAlchemyError() | OSError() if is_transient(exc) and is_busy(exc):
+            message = "the database is busy: it did not take this request within its deadline"
+            return ApiError(503, ApiRefusal.DATABASE_BUSY, message, {"Retry-After": "1"})
         case SQLAlchemyError() | OSError() if is_transient(exc):
             return ApiError(503, ApiRefusal.DATABASE_UNAVAILABLE, "the database is unreachable",
                             {"Retry-After": "5"})  # fmt: skip

@@ -119,6 +119,7 @@ class ApiRefusal(StrEnum):
     REDIS_UNAVAILABLE = "redis_unavailable"
     NOT_DURABLE = "not_durable"
     DATABASE_UNAVAILABLE = "database_unavailable"
+    DATABASE_BUSY = "database_busy"
     INTERNAL_ERROR = "internal_error"
 
 

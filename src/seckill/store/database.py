@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
@@ -17,7 +19,7 @@ from sqlalchemy.exc import (
     OperationalError,
 )
 from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 
 def open_database(
@@ -38,7 +40,8 @@ def open_database(
     ``deadline_s``: the longest a connection, a statement or a wait for a pooled connection may
     take before it fails as an outage (``is_transient``): for requests, which must answer (503)
     rather than hang on a server that accepts connections and answers nothing. Without it, the
-    drivers' own (generous) bounds hold, as workers want: a batch may take a while under load."""
+    drivers' own (generous) bounds hold, as workers want: a batch may take a while under load.
+    On SQLite it also queues the engine's write transactions in the process (``SerialWrites``)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if tls is not None:
@@ -57,7 +60,7 @@ def open_database(
             cursor.execute(f"PRAGMA busy_timeout={int(busy_s * 1000)}")
             cursor.close()
 
-        return engine
+        return engine if deadline_s is None else SerialWrites(engine.sync_engine, wait_s=deadline_s)
     options: dict[str, Any] = {}
     # Bounded waits: a server that vanishes without a reset must not hang a worker for minutes.
     if parsed.get_backend_name() in {"mysql", "mariadb"}:
@@ -83,6 +86,63 @@ def open_database(
         pool_recycle=3600,
         **options,
     )
+
+
+class WriteQueueTimeout(PoolTimeout):
+    """A write transaction waited for its turn (``SerialWrites``) past its bound: the database
+    is busy, as when a pooled connection is not free in time."""
+
+
+class SerialWrites(AsyncEngine):
+    """A SQLite engine whose write transactions (``begin()``) take turns in this process.
+
+    SQLite has one writer. Left to its busy handler, concurrent writers poll for the lock with
+    sleeps of up to 100 ms, so it lies idle while they sleep, and each holds it across event-loop
+    turns; under load (16 item creations at once while the loop is busy) the last waiters passed
+    the busy timeout and were refused as if the database were gone. Queued here, each write
+    starts as the one before it ends, in arrival order, and waits as long as the queue moves: it
+    gives up (``WriteQueueTimeout``) only when no write ended for ``wait_s``. SQLite's busy
+    timeout then covers other processes' writes only. Reads do not queue: WAL lets them run
+    beside the writer."""
+
+    __slots__ = ("_ended", "_turn", "_wait_s")
+
+    def __init__(self, sync_engine: Engine, *, wait_s: float) -> None:
+        super().__init__(sync_engine)
+        self._turn = asyncio.Lock()
+        self._wait_s = wait_s
+        self._ended = 0  # writes ended so far: the queue's progress
+
+    @contextlib.asynccontextmanager
+    async def begin(self) -> AsyncIterator[AsyncConnection]:
+        # The turn covers the transaction only: taking a pooled connection (perhaps opening
+        # it) and handing it back happen outside it, beside the writes of others.
+        async with self.connect() as conn:
+            await self._take_turn()
+            try:
+                async with conn.begin():
+                    yield conn
+            finally:
+                self._ended += 1
+                self._turn.release()
+
+    async def _take_turn(self) -> None:
+        # The acquisition runs as a task of its own, so a waiter keeps its place while it looks
+        # at the queue's progress.
+        acquiring = asyncio.ensure_future(self._turn.acquire())
+        try:
+            seen = self._ended
+            while not acquiring.done():
+                await asyncio.wait({acquiring}, timeout=self._wait_s)
+                if not acquiring.done() and self._ended == seen:
+                    raise WriteQueueTimeout(
+                        f"no write to SQLite ended within {self._wait_s} s: it is busy"
+                    )
+                seen = self._ended
+        except BaseException:
+            if not acquiring.cancel() and not acquiring.cancelled():
+                self._turn.release()  # acquired as we gave up: the next waiter's turn
+            raise
 
 
 async def create_database(server_url: str, name: str) -> str:
@@ -115,6 +175,10 @@ async def _admin(server_url: str, statement: str) -> None:
 # Errors that say nothing about the entries: the server is away, busy, or chose a victim.
 _MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055}
 _PG_TRANSIENT = ("08", "40001", "40P01", "53", "57P")  # SQLSTATE classes and codes
+# Of those, the ones that say the server answers but is busy: a lock wait timed out, a deadlock's
+# or a serialization failure's victim.
+_MYSQL_BUSY = {1205, 1213}
+_PG_BUSY = ("40001", "40P01")
 
 
 # A unique key already taken: PostgreSQL's SQLSTATE, MySQL/MariaDB's ER_DUP_ENTRY.
@@ -166,3 +230,23 @@ def is_transient(exc: BaseException) -> bool:
         return sqlstate.startswith(_PG_TRANSIENT)
     # SQLite: "database is locked" and I/O trouble are OperationalErrors; constraints are not.
     return isinstance(exc, OperationalError | InterfaceError)
+
+
+def is_busy(exc: BaseException) -> bool:
+    """Of the transient errors (``is_transient``), is the database busy (True) rather than away
+    (False)? Busy: it answers, but a lock (a row's, SQLite's writer's: "database is locked") or
+    a pooled connection or a turn to write was not free in time. Away: no connection (refused,
+    unresolved, timed out) or no answer. The API answers 503 ``database_busy`` for the first,
+    ``database_unavailable`` for the second: one decision, here."""
+    if isinstance(exc, PoolTimeout):
+        return True
+    if not isinstance(exc, DBAPIError) or exc.connection_invalidated:
+        return False
+    code = _mysql_code(exc)
+    if code is not None:
+        return code in _MYSQL_BUSY
+    sqlstate = getattr(exc.orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith(_PG_BUSY)
+    message = str(exc.orig).lower()
+    return isinstance(exc, OperationalError) and ("locked" in message or "busy" in message)
