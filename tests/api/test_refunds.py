@@ -116,6 +116,39 @@ async def test_refunds_owed_land_once_page_and_are_marked_once(served: Api, tmp_
     assert "no refund is owed" in missing.stdout
 
 
+async def test_a_refund_is_marked_by_its_payment_id_in_the_body_whatever_it_holds(
+    served: Api,
+) -> None:
+    """Ids a path would change on the way (``.`` and ``..`` collapsed, ``%2F`` decoded, ``?x``
+    cut off as a query) travel as they are in the body of ``POST /refunds/refunded``."""
+    item_id = await served.create_item(total=5)
+    order_id = await buy(served, item_id, "alice")
+    ids = [".", "..", "a/b", "%2F", "?x"]
+    for payment_id in ["charge", *ids]:  # the first pays; the others are owed back
+        assert (await served.pay(item_id, order_id, payment_id)).status_code == 200
+    await landed(served, len(ids))
+    for payment_id in ids:
+        body = {"item_id": item_id, "payment_id": payment_id}
+        marked = await served.http.post(
+            "/api/v1/admin/refunds/refunded", headers=served.as_admin, json=body
+        )
+        assert marked.status_code == 200, marked.text
+        assert (marked.json()["payment_id"], marked.json()["state"]) == (payment_id, "refunded")
+    assert (await refunds(served, "?state=owed"))["refunds"] == []
+    unknown = await served.http.post(
+        "/api/v1/admin/refunds/refunded",
+        headers=served.as_admin,
+        json={"item_id": item_id, "payment_id": "charge"},
+    )
+    assert (unknown.status_code, unknown.json()["error"]) == (404, "unknown_refund")
+    as_buyer = await served.http.post(
+        "/api/v1/admin/refunds/refunded",
+        headers=served.as_buyer("alice"),
+        json={"item_id": item_id, "payment_id": "."},
+    )
+    assert as_buyer.status_code == 403
+
+
 async def test_each_reconciler_pass_counts_the_refunds_owed(served: Api) -> None:
     """``seckill_refunds_owed``: every refund not marked refunded yet, set by each pass."""
     runtime = served.runtime

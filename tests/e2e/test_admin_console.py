@@ -212,6 +212,39 @@ async def test_drift_dead_letters_and_refunds(console_api: Api, redis: Redis) ->
     assert_kept_to_itself(api, seen, token)
 
 
+async def test_refunds_whose_payment_ids_a_path_would_lose_are_marked(console_api: Api) -> None:
+    """Payment ids ``.`` and ``..``: a browser collapses such a path segment before sending
+    (the mark went to another route: 404). The console names the payment in the body."""
+    api = console_api
+    item_id = await api.create_item(total=5)
+    bought = await api.buy(item_id, "erin", "key-erin")
+    assert bought.status_code == 202, bought.text
+    order_id = bought.json()["order_id"]
+    for payment_id in ("charge-1", ".", ".."):  # the first pays; the others are owed back
+        assert (await api.pay(item_id, order_id, payment_id)).status_code == 200
+
+    token = api.token("ops", Role.ADMIN)
+    async with browser_page(**CONTEXT) as (page, seen):
+        await page.goto(f"{api.http.base_url}/admin#token={token}")
+        rows = page.locator("#refunds-body tr")
+        await expect(rows).to_have_count(2, timeout=SEEN_WITHIN_MS)
+        for payment_id in (".", ".."):
+            row = page.locator(f"#refunds-body tr[data-payment-id='{payment_id}']")
+            await confirm(page, row.locator("button"), f"Mark payment {payment_id}'s refund")
+            await expect(page.locator("#status")).to_contain_text(
+                f"Refund of payment {payment_id} marked given back."
+            )
+        await expect(page.locator("#refunds-empty")).to_be_visible()
+
+    refunds = (await api.runtime.ledger.payments.refunds(item_id=item_id)).refunds
+    assert {(r.payment_id, r.refunded_at is not None) for r in refunds} == {
+        (".", True),
+        ("..", True),
+    }
+    assert seen.errors == []
+    assert_kept_to_itself(api, seen, token)
+
+
 async def test_a_buyer_token_is_refused(console_api: Api) -> None:
     api = console_api
     item_id = await api.create_item(total=1)

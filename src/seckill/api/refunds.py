@@ -8,11 +8,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from seckill.api.auth import AdminIdentity
+from seckill.api.bodies import body_schema, strict_body
 from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.paging import DEFAULT_LIMIT, Cursor, Limit, decode_cursor, id_cursor, id_position
 from seckill.api.paths import ItemId
-from seckill.api.schemas import RefundOut, RefundPageOut
+from seckill.api.schemas import RefundedIn, RefundOut, RefundPageOut
 from seckill.bootstrap.services import Context
 from seckill.domain.money import RefundState
 from seckill.domain.rules import MAX_ID
@@ -48,8 +49,25 @@ async def refunds(
 )
 async def refunded(item_id: ItemId, payment_id: str, _: AdminIdentity, ctx: Ctx) -> RefundOut:
     """The money of this payment's refund was given back. Idempotent: marking it again keeps
-    the first time. 404 ``unknown_refund`` when no refund is owed for that payment."""
+    the first time. 404 ``unknown_refund`` when no refund is owed for that payment. A payment
+    id of ``.`` or ``..`` cannot travel in a browser's path: ``POST /refunds/refunded`` takes
+    any in its body."""
     return refund_out(await mark_refunded(ctx.ledger, item_id, payment_id))
+
+
+@router.post(
+    "/refunds/refunded",
+    response_model=RefundOut,
+    responses=documented(401, 403, 404, 413, 415, 422, 503),
+    openapi_extra=body_schema(RefundedIn),
+)
+async def refunded_by_body(
+    _: AdminIdentity, body: Annotated[RefundedIn, Depends(strict_body(RefundedIn))], ctx: Ctx
+) -> RefundOut:
+    """The money of this payment's refund was given back: the payment named in the body, as
+    it is, whatever it holds (``.``, ``..``, ``/``, ``%``, ``?``). Idempotent: marking it again
+    keeps the first time. 404 ``unknown_refund`` when no refund is owed for that payment."""
+    return refund_out(await mark_refunded(ctx.ledger, body.item_id, body.payment_id))
 
 
 def refund_out(refund: RefundRecord) -> RefundOut:

@@ -352,6 +352,14 @@ class QueueReportOut(BaseModel):
     admissions: list[AdmissionOut] = Field(description="Every step of the inlet, oldest first.")
 
 
+class RefundedIn(_In):
+    """Which refund was given back. The payment id travels in the body, where every id arrives
+    as it is: in a path, a browser collapses the segments ``.`` and ``..`` before sending."""
+
+    item_id: StrictInt = Field(ge=1, le=MAX_ID, description="The payment's item.")
+    payment_id: Token = Field(description="The provider's id of the payment refunded.")
+
+
 class DeadLettersIn(_In):
     ids: list[Annotated[PlainText, StringConstraints(min_length=1, max_length=200)]] = Field(
         min_length=1, max_length=500, description="Dead letter ids, as the list gives them."
