@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
 from benchmarks.tcp_proxy import TcpProxy
@@ -21,6 +22,7 @@ from seckill.domain.rules import MAX_KEY_LEN
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
 from seckill.store.ledger import Ledger
+from seckill.store.tables import Item
 from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import SERVER_BACKENDS, RedisTarget, redis_settings
 from tests.polling import wait_until
@@ -181,7 +183,7 @@ async def test_item_creations_at_once_on_the_embedded_sqlite_all_succeed_while_b
     The deadline is short here so that this happened on every run, not on some."""
     settings = api_settings(
         **redis_settings(redis_server), database_url="", data_dir=tmp_path,
-        sql_request_timeout_seconds=0.3,
+        sql_request_timeout_seconds=0.5,
     )  # fmt: skip
 
     async def busy_loop() -> None:
@@ -228,6 +230,30 @@ async def test_sql_busy_past_the_deadline_is_503_database_busy(
             holder.close()
         create = await api.http.post("/api/v1/admin/items", headers=api.as_admin, json=NEW_ITEM)
         assert create.status_code == 201, create.text
+
+
+@single_redis
+@pytest.mark.parametrize("sql_url", SERVER_BACKENDS, indirect=True)
+async def test_a_row_locked_past_the_deadline_is_503_database_busy(
+    redis_server: RedisTarget, ledger: Ledger, sql_url: str, tmp_path: Path
+) -> None:
+    """Another transaction holds the item's row: ending its sale waits for the lock, which the
+    server gives up on before the request's deadline, as busy (503 database_busy), never as
+    unreachable; freed, the sale ends."""
+    settings = api_settings(
+        **redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path,
+        sql_request_timeout_seconds=1.5,
+    )  # fmt: skip
+    async with running_api(settings) as api:
+        item_id = await api.create_item(total=5)
+        async with ledger.engine.connect() as holder:
+            await holder.execute(select(Item).where(Item.id == item_id).with_for_update())
+            ended = await api.http.post(f"/api/v1/admin/items/{item_id}/end", headers=api.as_admin)
+            assert (ended.status_code, ended.json()["error"]) == (503, "database_busy"), ended.text
+            assert ended.headers["Retry-After"] == "1"
+            await holder.rollback()
+        ended = await api.http.post(f"/api/v1/admin/items/{item_id}/end", headers=api.as_admin)
+        assert ended.status_code == 200, ended.text
 
 
 @single_redis

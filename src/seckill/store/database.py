@@ -21,6 +21,9 @@ from sqlalchemy.exc import (
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+# The share of a request's deadline a statement may wait for a lock (see ``open_database``).
+LOCK_WAIT_SHARE = 0.75
+
 
 def open_database(
     url: str,
@@ -39,7 +42,8 @@ def open_database(
 
     ``deadline_s``: the longest a connection, a statement or a wait for a pooled connection may
     take before it fails as an outage (``is_transient``): for requests, which must answer (503)
-    rather than hang on a server that accepts connections and answers nothing. Without it, the
+    rather than hang on a server that accepts connections and answers nothing; a server's lock
+    waits end sooner (``LOCK_WAIT_SHARE`` of it), as busy (``is_busy``). Without it, the
     drivers' own (generous) bounds hold, as workers want: a batch may take a while under load.
     On SQLite it also queues the engine's write transactions in the process (``SerialWrites``)."""
     parsed = make_url(url)
@@ -62,6 +66,9 @@ def open_database(
 
         return engine if deadline_s is None else SerialWrites(engine.sync_engine, wait_s=deadline_s)
     options: dict[str, Any] = {}
+    # A lock wait ends on the server a little before the deadline, as an error that says the
+    # server is busy (``is_busy``): past the deadline, it could not be told from silence.
+    lock_wait_s = LOCK_WAIT_SHARE * deadline_s if deadline_s else None
     # Bounded waits: a server that vanishes without a reset must not hang a worker for minutes.
     if parsed.get_backend_name() in {"mysql", "mariadb"}:
         # READ COMMITTED: no gap locks, so persisters inserting new orders do not block each other.
@@ -69,11 +76,17 @@ def open_database(
         options["connect_args"] = {"connect_timeout": deadline_s or 10}
         if deadline_s:
             options["connect_args"]["read_timeout"] = deadline_s
+        if lock_wait_s:  # whole seconds, at least 1
+            wait = max(1, int(lock_wait_s))
+            options["connect_args"]["init_command"] = f"SET SESSION innodb_lock_wait_timeout={wait}"
     elif parsed.get_backend_name() == "postgresql":
         options["connect_args"] = {
             "timeout": deadline_s or 10,
             "command_timeout": deadline_s or 60,
         }
+        if lock_wait_s:
+            lock_timeout = f"{max(1, int(lock_wait_s * 1000))}ms"
+            options["connect_args"]["server_settings"] = {"lock_timeout": lock_timeout}
     if tls is not None:
         options.setdefault("connect_args", {})["ssl"] = tls
     if deadline_s:
@@ -174,11 +187,11 @@ async def _admin(server_url: str, statement: str) -> None:
 
 # Errors that say nothing about the entries: the server is away, busy, or chose a victim.
 _MYSQL_TRANSIENT = {1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2055}
-_PG_TRANSIENT = ("08", "40001", "40P01", "53", "57P")  # SQLSTATE classes and codes
+_PG_TRANSIENT = ("08", "40001", "40P01", "53", "55P03", "57P")  # SQLSTATE classes and codes
 # Of those, the ones that say the server answers but is busy: a lock wait timed out, a deadlock's
 # or a serialization failure's victim.
 _MYSQL_BUSY = {1205, 1213}
-_PG_BUSY = ("40001", "40P01")
+_PG_BUSY = ("40001", "40P01", "55P03")  # 55P03: lock_timeout
 
 
 # A unique key already taken: PostgreSQL's SQLSTATE, MySQL/MariaDB's ER_DUP_ENTRY.
