@@ -29,8 +29,12 @@ from seckill.serve import listening_socket
 from seckill.services.tickets import TicketGate
 from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
+from seckill.workers.persister import PersisterConfig
 from tests.conftest import RedisTarget, redis_settings
 
+# The persister's idle read blocks at most this long (the default is a second), so a test's API
+# stops in a moment rather than waiting out the read.
+PERSISTER = PersisterConfig(block_ms=50)
 JWT_SECRET = "test-jwt-secret-" + "x" * 32
 PAYMENT_SECRET = "test-payment-secret-" + "y" * 32
 
@@ -243,7 +247,7 @@ async def running_api(
         stop = asyncio.Event()
         tasks = [asyncio.create_task(server.serve(sockets=[sock]))]
         for kind in workers:
-            worker, pause = build_worker(kind, runtime, stop)
+            worker, pause = build_worker(kind, runtime, stop, persister=PERSISTER)
             tasks.append(asyncio.create_task(run_until_stopped(worker, stop, idle_pause=pause)))
         # The socket already listens: requests queue until uvicorn has started.
         # Idle connections are dropped before uvicorn's keep-alive (5 s) closes them under us.
