@@ -292,6 +292,17 @@ async def api(
         yield live
 
 
+@pytest.fixture
+async def api_alone(
+    redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
+) -> AsyncIterator[Api]:
+    """A live API without workers: SQL holds only what the test writes (no notice is answered:
+    none lands)."""
+    settings = api_settings(**redis_settings(redis_server), database_url=sql_url, data_dir=tmp_path)
+    async with running_api(settings) as live:
+        yield live
+
+
 @contextlib.asynccontextmanager
 async def served_api(redis_server: RedisTarget, sql_url: str, data_dir: Path) -> AsyncIterator[Api]:
     """The API with its persister and a reaper passing every 50 ms, as `seckill serve` runs."""

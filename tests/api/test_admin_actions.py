@@ -29,7 +29,8 @@ async def drift(api: Api, item_id: int) -> Any:
 
 
 @pytest.mark.redis_variants("redis7", "cluster")
-async def test_drift_is_looked_at_then_repaired(api: Api, redis: Redis) -> None:
+async def test_drift_is_looked_at_then_repaired(api_alone: Api, redis: Redis) -> None:
+    api = api_alone  # no persister: SQL holds only what the test writes
     item_id = await api.create_item(total=10)
     assert (await api.buy(item_id, "alice", "k1")).status_code == 202
     first = await drift(api, item_id)
@@ -55,7 +56,8 @@ async def test_drift_is_looked_at_then_repaired(api: Api, redis: Redis) -> None:
     assert (await drift(api, item_id))["agree"] is True
 
 
-async def test_dead_letters_are_replayed_and_dropped(api: Api) -> None:
+async def test_dead_letters_are_replayed_and_dropped(api_alone: Api) -> None:
+    api = api_alone  # no persister: the dead letters are the test's own
     item_id = await api.create_item(total=5)
     engine, ledger = api.runtime.engine, api.runtime.ledger
     await engine.reserve(
