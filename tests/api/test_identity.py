@@ -122,7 +122,8 @@ async def test_a_buyer_sees_and_cancels_only_their_own_orders(api: Api) -> None:
     assert mine.json()["release_reason"] == "cancelled"
 
 
-async def test_an_order_is_found_only_under_its_own_item(api: Api) -> None:
+async def test_an_order_is_found_only_under_its_own_item(api_alone: Api) -> None:
+    api = api_alone  # no persister: the test lands the events itself
     item_id = await api.create_item(total=5)
     other = await api.create_item(total=5)
     order_id = (await api.buy(item_id, "alice", "k")).json()["order_id"]
