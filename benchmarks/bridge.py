@@ -459,12 +459,7 @@ async def measure_broker(
     stored: dict[str, int] = {}
     for kind in ("bridge", "raw"):
         topology = new_topology(broker, args)
-        sink = topology.sink()
-        try:
-            # Connected and declared before the clock starts, as a running worker's sink is.
-            await sink.open()
-        except SinkUnavailable as exc:
-            sys.exit(f"{broker} cannot be used: {exc}")
+        sink = await opened(topology.sink(), broker)
         try:
             load = os.getloadavg()[0]
             if kind == "bridge":
@@ -525,11 +520,7 @@ async def measure_latency(
     its answer to its ``reserved`` message at a consumer of the run's topology."""
     orders = args.latency_orders
     topology = new_topology(broker, args)
-    sink = topology.sink()
-    try:
-        await sink.open()
-    except SinkUnavailable as exc:
-        sys.exit(f"{broker} cannot be used: {exc}")
+    sink = await opened(topology.sink(), broker)
     item_id = await new_item(engine, ledger, total=orders)
     stream = engine.keys(item_id).events
     arrived: dict[int, float] = {}
@@ -621,6 +612,16 @@ async def buy_steadily(
                 await asyncio.sleep(wait)
             group.create_task(buy(n, ids.next()))
     return answered
+
+
+async def opened(sink: Sink, broker: str) -> Sink:
+    """``sink`` connected and declared before the clock starts, as a running worker's sink is;
+    the run ends here if the broker cannot be used."""
+    try:
+        await sink.open()
+    except SinkUnavailable as exc:
+        sys.exit(f"{broker} cannot be used: {exc}")
+    return sink
 
 
 def table(results: dict[str, Any], brokers: Sequence[str]) -> None:
