@@ -23,8 +23,9 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from seckill.domain.dead_letters import PERSISTER_GROUP
-from seckill.engine.cluster import RedisClient
+from seckill.engine.cluster import RedisClient, time_ms
 from seckill.engine.engine import RedisEngine
+from seckill.engine.keys import ItemKeys
 from seckill.observability import metrics
 
 GROUP = PERSISTER_GROUP
@@ -41,6 +42,8 @@ class GroupProgress:
 
     pending: int  # delivered to a consumer, not acknowledged yet
     lag: int  # not delivered yet
+    # The id of the last entry delivered: the unread ones come after it.
+    last_delivered: str = field(default="0-0", compare=False)
 
     @property
     def backlog(self) -> int:
@@ -75,7 +78,11 @@ def group_progress(group: Mapping[str, Any], *, unread: int | None = None) -> Gr
         if unread is None:
             raise ValueError(f"group {group['name']!r}: Redis gave no lag, count the unread")
         lag = unread
-    return GroupProgress(pending=int(group["pending"]), lag=int(lag))
+    return GroupProgress(
+        pending=int(group["pending"]),
+        lag=int(lag),
+        last_delivered=str(group.get("last-delivered-id") or "0-0"),
+    )
 
 
 async def read_progress(redis: RedisClient, streams: Sequence[str]) -> list[StreamProgress]:
@@ -156,6 +163,34 @@ async def count_unread(
     return [len(page or ()) for page in pages]
 
 
+async def oldest_ages(
+    redis: RedisClient, groups: Sequence[tuple[str, str, GroupProgress]]
+) -> list[float]:
+    """For each (stream, group name, its position): the seconds since the oldest entry the group has
+    not acknowledged was added, by Redis's clock (an entry's id is the millisecond it was added);
+    0 when it has none. The oldest pending entry (XPENDING's summary) when some are pending, as
+    entries are delivered in order, else the first one after the last delivered. One pipeline,
+    only for the groups with a backlog, and a read of Redis's clock."""
+    waiting = [(i, stream, name, g) for i, (stream, name, g) in enumerate(groups) if g.backlog]
+    ages = [0.0] * len(groups)
+    if not waiting:
+        return ages
+    async with redis.pipeline(transaction=False) as pipe:
+        for _, stream, name, group in waiting:
+            if group.pending:
+                pipe.xpending(stream, name)
+            else:
+                pipe.xrange(stream, min="(" + group.last_delivered, count=1)
+        replies = await pipe.execute()
+    now = await time_ms(redis, waiting[0][1])
+    for (i, _, _, group), reply in zip(waiting, replies, strict=True):
+        oldest = reply.get("min") if group.pending else (reply[0][0] if reply else None)
+        if oldest:
+            added = int(str(oldest).split("-", 1)[0])
+            ages[i] = max(0, now - added) / 1000
+    return ages
+
+
 async def backlog(engine: RedisEngine, item_id: int) -> int:
     """Entries of the item's streams (one per stock shard) the persister has not landed yet
     (pending or never read)."""
@@ -174,13 +209,25 @@ async def refresh_stream_gauges(engine: RedisEngine) -> None:
     stream gauges (for ``/metrics``, when scraped)."""
     shards = [keys for i in await engine.item_ids() for keys in await engine.shard_keys(i)]
     streams = await read_progress(engine.redis, [keys.events for keys in shards])
+    positions = [
+        (keys, name, group)
+        for keys, stream in zip(shards, streams, strict=True)
+        for name, group in stream.groups.items()
+    ]
+    ages = await oldest_ages(engine.redis, [(k.events, n, g) for k, n, g in positions])
     # Archived items' series go: what a scrape returns follows the live items, not history.
-    for gauge in (metrics.STREAM_LENGTH, metrics.STREAM_PENDING, metrics.STREAM_LAG):
+    gauges = (metrics.STREAM_LENGTH, metrics.STREAM_PENDING, metrics.STREAM_LAG)
+    for gauge in (*gauges, metrics.STREAM_OLDEST_AGE):
         gauge.clear()
     for keys, stream in zip(shards, streams, strict=True):
-        # An item's label; a stock shard's stream is labelled "<item>:s<shard>".
-        item = str(keys.item_id) if keys.shard == 0 else f"{keys.item_id}:s{keys.shard}"
-        metrics.STREAM_LENGTH.labels(item=item).set(stream.length)
-        for name, group in stream.groups.items():
-            metrics.STREAM_PENDING.labels(item=item, group=name).set(group.pending)
-            metrics.STREAM_LAG.labels(item=item, group=name).set(group.lag)
+        metrics.STREAM_LENGTH.labels(item=_item_label(keys)).set(stream.length)
+    for (keys, name, group), age in zip(positions, ages, strict=True):
+        item = _item_label(keys)
+        metrics.STREAM_PENDING.labels(item=item, group=name).set(group.pending)
+        metrics.STREAM_LAG.labels(item=item, group=name).set(group.lag)
+        metrics.STREAM_OLDEST_AGE.labels(item=item, group=name).set(age)
+
+
+def _item_label(keys: ItemKeys) -> str:
+    """An item's label; a stock shard's stream is labelled "<item>:s<shard>"."""
+    return str(keys.item_id) if keys.shard == 0 else f"{keys.item_id}:s{keys.shard}"

@@ -100,6 +100,14 @@ STREAM_LAG = Gauge(
     ["item", "group"],
     multiprocess_mode="mostrecent",
 )
+STREAM_OLDEST_AGE = Gauge(
+    "seckill_stream_oldest_age_seconds",
+    "Seconds since the oldest entry of the item's stream the consumer group has not "
+    "acknowledged yet was added (0: none), by Redis's clock, at the last scrape: how long the "
+    "oldest order has waited for its sink, whatever the size of the sale.",
+    ["item", "group"],
+    multiprocess_mode="mostrecent",
+)
 
 # -- The persister -------------------------------------------------------------------------------
 
