@@ -3,9 +3,12 @@
 ``promtool`` checks ``deploy/prometheus/alerts.yaml`` and runs its unit tests (every
 ``deploy/prometheus/*_test.yaml``); every metric an alert or a panel queries is one that
 ``seckill.observability.metrics`` exposes (the names derived from its metric objects, with the
-suffixes prometheus_client adds); every alert says how long, how bad and where its runbook
-section is, and that section exists; every alert is fired by a unit test and kept quiet by one.
-Each check is shown to fail on a copy with one mistake planted.
+suffixes prometheus_client adds), a rule of the file records, or one of the few others named
+here (Prometheus's ``up``, redis_exporter's); every aggregation keeps ``namespace``, so that two
+deployments in one Prometheus alert apart; every alert says how long, how bad and where its
+runbook section is, and that section exists; every alert is fired by a unit test and kept
+quiet by one; the PrometheusRule in ``deploy/k8s/base`` holds the very same rules. Each check
+is shown to fail on a copy with one mistake planted.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ from seckill.observability import metrics
 REPO = Path(__file__).resolve().parents[2]
 RULES_DIR = Path("deploy/prometheus")
 ALERTS = RULES_DIR / "alerts.yaml"
+PROMETHEUS_RULE = Path("deploy/k8s/base/prometheusrule.yaml")
+GENERATOR = RULES_DIR / "prometheusrule.py"
+# Series the rules read that seckill does not expose: Prometheus's own and redis_exporter's
+# (the exporter beside Redis in deploy/compose.yaml).
+OTHER_METRICS = frozenset({"up", "redis_memory_used_bytes", "redis_memory_max_bytes"})
 DASHBOARD = Path("deploy/grafana/seckill.json")
 RUNBOOK = Path("docs/runbook.md")
 SEVERITIES = {"critical", "warning"}
@@ -149,11 +157,17 @@ def rule_tests(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in (root / RULES_DIR).glob("*_test.yaml"))
 
 
-def alerts(root: Path) -> Iterator[dict[str, Any]]:
+def rules(root: Path) -> Iterator[dict[str, Any]]:
     for group in yaml.safe_load((root / ALERTS).read_text())["groups"]:
-        for rule in group["rules"]:
-            if "alert" in rule:
-                yield rule
+        yield from group["rules"]
+
+
+def alerts(root: Path) -> Iterator[dict[str, Any]]:
+    return (rule for rule in rules(root) if "alert" in rule)
+
+
+def recorded(root: Path) -> frozenset[str]:
+    return frozenset(rule["record"] for rule in rules(root) if "record" in rule)
 
 
 def dashboard_queries(root: Path) -> Iterator[tuple[str, str]]:
@@ -189,12 +203,49 @@ def check_rule_tests(root: Path) -> list[str]:
 
 
 def unknown_metrics_in_alerts(root: Path) -> list[str]:
-    known = exposed_names()
+    known = exposed_names() | recorded(root) | OTHER_METRICS
     return [
-        f"alert {rule['alert']}: {name} is not a metric seckill exposes"
-        for rule in alerts(root)
+        f"{'alert' if 'alert' in rule else 'record'} {rule.get('alert') or rule['record']}: "
+        f"{name} is not a metric seckill exposes"
+        for rule in rules(root)
         for name in sorted(metric_names(rule["expr"]) - known)
     ]
+
+
+_AGGREGATION = re.compile(
+    r"\b(sum|max|min|avg|count|topk|bottomk|quantile|stddev|stdvar|group)\s*"
+    r"(?:(by|without)\s*\(([^()]*)\))?\s*\("
+)
+
+
+def aggregated_across_namespaces(root: Path) -> list[str]:
+    """Each aggregation in a rule keeps the namespace (``by (namespace, ...)``): one written
+    without it (``max(x)``) merges two deployments, and one's dead reaper hides behind the
+    other's."""
+    problems = []
+    for rule in rules(root):
+        name = rule.get("alert") or rule["record"]
+        for match in _AGGREGATION.finditer(_STRING.sub('""', rule["expr"])):
+            how, labels = match.group(2), match.group(3) or ""
+            kept = {label.strip() for label in labels.split(",")}
+            if (
+                (how == "by" and "namespace" not in kept)
+                or (how == "without" and "namespace" in kept)
+                or how is None
+            ):
+                problems.append(f"{name}: {match.group().strip()} does not keep the namespace")
+    return problems
+
+
+def prometheus_rule_drift(root: Path) -> list[str]:
+    """The PrometheusRule in deploy/k8s/base is what the generator writes from alerts.yaml."""
+    namespace: dict[str, Any] = {"__name__": "prometheusrule", "__file__": str(root / GENERATOR)}
+    exec(compile((root / GENERATOR).read_text(), str(GENERATOR), "exec"), namespace)
+    expected = namespace["text"](root / ALERTS)
+    shipped = (root / PROMETHEUS_RULE).read_text()
+    if yaml.safe_load(shipped)["spec"] != yaml.safe_load(expected)["spec"] or shipped != expected:
+        return [f"{PROMETHEUS_RULE} differs from {ALERTS}: run `python {GENERATOR}`"]
+    return []
 
 
 def unknown_metrics_in_dashboard(root: Path) -> list[str]:
@@ -312,6 +363,8 @@ CHECKS: dict[str, Callable[[Path, Path], list[str]]] = {
     "runbook anchors": lambda root, _: missing_runbook_anchors(root),
     "alert fields": lambda root, _: incomplete_alerts(root),
     "alerts tested": lambda root, _: untested_alerts(root),
+    "aggregated by namespace": lambda root, _: aggregated_across_namespaces(root),
+    "PrometheusRule matches": lambda root, _: prometheus_rule_drift(root),
 }
 
 
@@ -321,23 +374,31 @@ def test_the_assets_pass(check: str, tmp_path: Path) -> None:
 
 
 def test_the_assets_cover_what_operators_watch() -> None:
-    alerted = {name for rule in alerts(REPO) for name in metric_names(rule["expr"])}
+    alerted = {name for rule in rules(REPO) for name in metric_names(rule["expr"])}
     shown = {name for _, query in dashboard_queries(REPO) for name in metric_names(query)}
     watched = {
         "seckill_reaper_last_pass_timestamp_seconds",
         "seckill_reconciler_last_pass_timestamp_seconds",
         "seckill_reconciler_drift",
-        "seckill_stream_lag",
-        "seckill_stream_pending",
         "seckill_dead_letters_total",
         "seckill_sql_transactions_total",
         "seckill_shed_total",
         "seckill_refunds_owed",
         "seckill_dependency_up",
     }
-    assert watched <= alerted, watched - alerted
+    # Alerts on age and state: the oldest entry waiting, fenced and failed answers, targets.
+    paged_on = {
+        "seckill_stream_oldest_age_seconds",
+        "seckill_http_requests_total",
+        "up",
+        "redis_memory_used_bytes",
+    }
+    assert watched | paged_on <= alerted, (watched | paged_on) - alerted
+    assert {"seckill_stream_lag", "seckill_stream_pending"}.isdisjoint(alerted), "size, not age"
     assert (
-        watched | {"seckill_http_requests_total", "seckill_http_request_duration_seconds_bucket"}
+        watched
+        | {"seckill_stream_lag", "seckill_stream_pending"}
+        | {"seckill_http_requests_total", "seckill_http_request_duration_seconds_bucket"}
         <= shown
     )
 
@@ -368,7 +429,7 @@ def _panel_source(uid: str) -> Callable[[Path], None]:
 # (what is wrong, the check that must catch it, the planting, what the report must name)
 MISTAKES = [
     ("an alert reads a metric the code lacks", "alert metrics",
-     _replace(ALERTS, "max(seckill_refunds_owed)", "max(seckill_refunds_pending)"),
+     _replace(ALERTS, "(seckill_refunds_owed)", "(seckill_refunds_pending)"),
      "seckill_refunds_pending"),
     ("an alert reads a counter without _total", "alert metrics",
      _replace(ALERTS, "increase(seckill_dead_letters_total[", "increase(seckill_dead_letters["),
@@ -390,14 +451,14 @@ MISTAKES = [
      _replace(DASHBOARD, '"uid": "${datasource}"', '"uid": "P1809F7CD0C75ACF3"'),
      "/templating/list[1]"),
     ("an alert does not parse", "promtool check rules",
-     _replace(ALERTS, "max(seckill_refunds_owed) > 0", "max(seckill_refunds_owed > 0"),
+     _replace(ALERTS, "(seckill_refunds_owed) > 0", "(seckill_refunds_owed > 0"),
      "alerts.yaml"),
     ("a unit test expects the wrong thing", "promtool test rules",
      _replace(RULES_DIR / "alerts_test.yaml", '"2 refunds owed', '"3 refunds owed'),
      "SeckillRefundsOwed"),
     ("an alert's threshold moves under its test", "promtool test rules",
-     _replace(ALERTS, "time() - max(seckill_reaper_last_pass_timestamp_seconds) > 60",
-              "time() - max(seckill_reaper_last_pass_timestamp_seconds) > 600"),
+     _replace(ALERTS, "(seckill_reaper_last_pass_timestamp_seconds) > 60",
+              "(seckill_reaper_last_pass_timestamp_seconds) > 600"),
      "SeckillReaperStale"),
     ("a runbook anchor that does not exist", "runbook anchors",
      _replace(ALERTS, "docs/runbook.md#refunds-are-owed", "docs/runbook.md#refunds-owed"),
@@ -416,6 +477,24 @@ MISTAKES = [
               "  - name: seckill-sales\n    rules:\n      - alert: SeckillUntested\n"
               "        expr: max(seckill_refunds_owed) > 100\n        for: 1m\n"),
      "SeckillUntested: no unit test expects it to fire"),
+    ("a recording rule reads a metric the code lacks", "alert metrics",
+     _replace(ALERTS, "(rate(seckill_http_requests_total[5m]))",
+              "(rate(seckill_http_request_total[5m]))"),
+     "record seckill:http_errors:ratio_rate5m: seckill_http_request_total"),
+    ("an alert aggregates across deployments", "aggregated by namespace",
+     _replace(ALERTS, "max by (namespace) (seckill_reaper_last_pass_timestamp_seconds)",
+              "max(seckill_reaper_last_pass_timestamp_seconds)"),
+     "SeckillReaperStale: max( does not keep the namespace"),
+    ("an alert groups by instance only", "aggregated by namespace",
+     _replace(ALERTS, "sum by (namespace) (increase(seckill_dead_letters_total",
+              "sum by (instance) (increase(seckill_dead_letters_total"),
+     "SeckillDeadLetters"),
+    ("an alert changed in alerts.yaml alone", "PrometheusRule matches",
+     _replace(ALERTS, "> 300\n        for: 2m", "> 600\n        for: 2m"),
+     "run `python deploy/prometheus/prometheusrule.py`"),
+    ("the PrometheusRule edited by hand", "PrometheusRule matches",
+     _replace(PROMETHEUS_RULE, "for: 1h", "for: 2h"),
+     "differs"),
 ]  # fmt: skip
 
 
@@ -429,6 +508,8 @@ def test_a_planted_mistake_is_caught(
     root = tmp_path / "copy"
     for path in (RULES_DIR, DASHBOARD.parent):
         shutil.copytree(REPO / path, root / path)
+    (root / PROMETHEUS_RULE).parent.mkdir(parents=True)
+    shutil.copy(REPO / PROMETHEUS_RULE, root / PROMETHEUS_RULE)
     (root / RUNBOOK).parent.mkdir(parents=True)
     shutil.copy(REPO / RUNBOOK, root / RUNBOOK)
     assert CHECKS[check](root, tmp_path) == [], "the copy passes before the mistake"
