@@ -315,7 +315,45 @@ def dockerignore_problems(text: str, ignore: str) -> list[str]:
     return problems
 
 
+OCI_LABELS = ("title", "description", "version", "revision", "licenses", "base.name")
+
+
+def label_problems(text: str, pyproject: str) -> list[str]:
+    """The final image says what it is in the OCI annotation keys: its version by default the
+    project's, its licence the project's, its base the FROM it is built on."""
+    labels: dict[str, str] = {}
+    args: dict[str, str] = {}
+    for instruction in final_stage(text):
+        if instruction.keyword == "ARG":
+            name, _, default = instruction.args.partition("=")
+            args[name] = default
+        if instruction.keyword == "LABEL":
+            for pair in shlex.split(instruction.args):
+                key, _, value = pair.partition("=")
+                labels[key] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), value)
+    project = tomllib.loads(pyproject)["project"]
+    problems = [
+        f"no label org.opencontainers.image.{key}"
+        for key in OCI_LABELS
+        if not labels.get(f"org.opencontainers.image.{key}")
+    ]
+    expected = {
+        "version": project["version"],
+        "licenses": project["license"]["text"],
+        "base.name": f"docker.io/library/{BASE_IMAGE}",
+    }
+    for key, value in expected.items():
+        have = labels.get(f"org.opencontainers.image.{key}")
+        if have is not None and have != value:
+            problems.append(f"org.opencontainers.image.{key} is {have!r}, not {value!r}")
+    return problems
+
+
 # --- the checks on the real files ----------------------------------------------------------
+
+
+def test_the_image_carries_its_oci_labels() -> None:
+    assert label_problems(DOCKERFILE.read_text(), PYPROJECT.read_text()) == []
 
 
 def test_hadolint_finds_nothing() -> None:
@@ -484,6 +522,12 @@ PLANTS = {
         '/opt/seckill/probe.py"]',
         "not python running",
     ),
+    "labels: a stale version": Plant(
+        DOCKERFILE, r"^ARG VERSION=.*", "ARG VERSION=0.0.9", "image.version is '0.0.9'"
+    ),
+    "labels: no licence": Plant(
+        DOCKERFILE, r"^\s+org\.opencontainers\.image\.licenses=.*\n", "", "image.licenses"
+    ),
     "dockerignore: the lock kept out": Plant(
         DOCKERIGNORE, r"^!deploy/requirements\.lock\n", "", "COPY deploy/requirements.lock"
     ),
@@ -507,6 +551,7 @@ def problems_with(planted: Path, plant: Plant) -> list[str]:
         *command_problems(text),
         *env_problems(text),
         *healthcheck_problems(text, HEALTHCHECK),
+        *label_problems(text, PYPROJECT.read_text()),
     ]
 
 

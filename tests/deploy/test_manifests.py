@@ -10,12 +10,14 @@ port is the one the process listens on. Each check is shown to fail on a copy wi
 
 from __future__ import annotations
 
+import base64
 import copy
 import functools
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import pytest
 import yaml
 
 from benchmarks.manifests import (
+    COMPONENT,
     COMPOSE,
     DEPLOY,
     K8S_BASE,
@@ -38,15 +41,39 @@ from benchmarks.manifests import (
 from seckill.config import ENV_PREFIX, SECRET_SETTINGS, Settings
 
 KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests promise to apply to
-CHECKED_CRDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CHECKED_CRDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 SECKILL = Path(sys.executable).with_name("seckill")
 TARGETS = [K8S_BASE, *sorted(p for p in OVERLAYS.iterdir() if p.is_dir())]
 WORKER_ROLES = ("persister", "reaper", "reconciler", "archiver", "inlet")
+K8S = K8S_BASE.parent
+PRODUCTION = OVERLAYS / "production"
+SALE_DAY = OVERLAYS / "sale-day"
+SECRET_FILES = ("redis-url", "database-url", "jwt-secret", "ticket-secret", "payment-secret")
+DEPLOY_MD = DEPLOY.parent / "docs" / "operations" / "deploy.md"
+
+
+def k8s_tree(secret: str = "s") -> Path:
+    """A copy of deploy/k8s whose production overlay has its Secret's files (which the
+    repository never holds), each ``<secret>-<key>``."""
+    root = Path(tempfile.mkdtemp(prefix="seckill-k8s-")) / "k8s"
+    shutil.copytree(K8S, root)
+    for key in SECRET_FILES:
+        (root / "overlays" / "production" / "secrets" / key).write_text(f"{secret}-{key}")
+    return root
+
+
+@functools.cache
+def _tree() -> Path:
+    return k8s_tree()
 
 
 @functools.cache
 def rendered(target: Path) -> list[dict[str, Any]]:
-    return render(target)
+    """``kubectl kustomize`` of a directory of deploy/k8s, in a copy with the Secret's files."""
+    return render(_tree() / target.relative_to(K8S))
 
 
 # -- what the product serves, parses and reads -----------------------------------------------
@@ -162,7 +189,10 @@ def schema_problems(documents: list[dict[str, Any]]) -> list[str]:
     for doc in documents:
         name = f"{doc['kind']}/{doc['metadata']['name']}"
         if (doc["apiVersion"], doc["kind"]) in CHECKED_CRDS:
-            found += service_monitor_problems(doc, services)
+            if doc["kind"] == "PrometheusRule":
+                found += prometheus_rule_problems(doc)
+            else:
+                found += service_monitor_problems(doc, services)
             continue
         try:
             kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
@@ -170,6 +200,19 @@ def schema_problems(documents: list[dict[str, Any]]) -> list[str]:
             found.append(f"{name}: {error.message} at {'.'.join(map(str, error.path))}")
         except kubernetes_validate.SchemaNotFoundError:
             found.append(f"{name}: no schema for {doc['apiVersion']} {doc['kind']}")
+    return found
+
+
+def prometheus_rule_problems(rule: dict[str, Any]) -> list[str]:
+    """A PrometheusRule holds groups of rules, each an alert or a record with an expression
+    (promtool checks the expressions themselves, in test_observability_assets)."""
+    name = f"PrometheusRule/{rule['metadata']['name']}"
+    groups = rule.get("spec", {}).get("groups") or []
+    found = [] if groups else [f"{name}: no groups"]
+    for group in groups:
+        for each in group.get("rules") or []:
+            if not each.get("expr") or ("alert" in each) == ("record" in each):
+                found.append(f"{name}: {each} is neither an alert nor a record with an expr")
     return found
 
 
@@ -271,11 +314,23 @@ def test_the_grace_period_outlasts_the_drain() -> None:
 def test_secrets_are_mounted_never_inlined() -> None:
     for target in TARGETS:
         documents = rendered(target)
-        assert not [d for d in documents if d["kind"] == "Secret"], target
+        secrets = [d for d in documents if d["kind"] == "Secret"]
+        if target in (PRODUCTION, SALE_DAY):  # generated from the files beside the overlay
+            (secret,) = secrets
+            assert {
+                key: base64.b64decode(value).decode() for key, value in secret["data"].items()
+            } == {key: f"s-{key}" for key in SECRET_FILES}
+        else:
+            assert not secrets, target
         for role in k8s_roles(documents).values():
             for name in SECRET_SETTINGS:
                 variable = ENV_PREFIX + name.upper()
                 assert variable not in role.env, f"{role.source}: {variable} inlined"
+    kept = subprocess.run(
+        ["git", "ls-files", str(PRODUCTION / "secrets")],
+        capture_output=True, text=True, check=True, cwd=DEPLOY.parent,
+    ).stdout.split()  # fmt: skip
+    assert kept == ["deploy/k8s/overlays/production/secrets/.gitignore"], kept
     text = COMPOSE.read_text()
     for name in ("JWT_SECRET", "TICKET_SECRET", "PAYMENT_SECRET"):
         assert f"SECKILL_{name}: ${{SECKILL_{name}:?" in text, name
@@ -438,3 +493,315 @@ def test_a_compose_schema_mistake_is_caught(tmp_path: Path) -> None:
         capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode != 0 and "stop_grace_periode" in done.stdout + done.stderr
+
+
+# -- the first deploy, as deploy.md writes it ------------------------------------------------
+
+_TERM = re.compile(
+    r"\s*([\w./-]+)\s*(?:(!=|==|=)\s*([\w.-]*)|\s+(in|notin)\s*\(([^)]*)\))\s*(?:,|$)"
+)
+
+
+def selects(selector: str, labels: dict[str, str]) -> bool:
+    """Whether a kubectl label selector (``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a)``,
+    comma-joined) selects an object with ``labels``, as the API server decides."""
+    position = 0
+    while position < len(selector):
+        term = _TERM.match(selector, position)
+        assert term, f"cannot read the selector {selector!r} at {selector[position:]!r}"
+        key, op, value, set_op, values = term.groups()
+        have = labels.get(key)
+        if op in ("=", "=="):
+            ok = have == value
+        elif op == "!=":
+            ok = have != value  # an object without the key is selected
+        else:
+            chosen = {v.strip() for v in values.split(",")}
+            ok = have in chosen if set_op == "in" else have not in chosen
+        if not ok:
+            return False
+        position = term.end()
+    return True
+
+
+def labels_of(doc: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = doc["metadata"].get("labels") or {}
+    return labels
+
+
+def documented_applies() -> list[tuple[Path, str | None]]:
+    """Each ``kubectl apply -k DIR [-l SELECTOR]`` of deploy.md, in order."""
+    found = []
+    for match in re.finditer(
+        r"kubectl apply -k (\S+)(?: -l (?:'([^']+)'|(\S+)))?", DEPLOY_MD.read_text()
+    ):
+        found.append((DEPLOY.parent / match.group(1), match.group(2) or match.group(3)))
+    return found
+
+
+def references(doc: dict[str, Any]) -> set[tuple[str, str]]:
+    """(kind, name) of what a workload's pods need to start: ConfigMaps and Secrets (as
+    environment and volumes) and their PriorityClass."""
+    spec = doc["spec"]["template"]["spec"]
+    found = set()
+    if "priorityClassName" in spec:
+        found.add(("PriorityClass", spec["priorityClassName"]))
+    for volume in spec.get("volumes", []):
+        if "secret" in volume:
+            found.add(("Secret", volume["secret"]["secretName"]))
+        if "configMap" in volume:
+            found.add(("ConfigMap", volume["configMap"]["name"]))
+    for container in spec["containers"]:
+        for ref in container.get("envFrom", []):
+            for kind, key in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                if key in ref:
+                    found.add((kind, ref[key]["name"]))
+    return found
+
+
+def migration_step_misses(documents: list[dict[str, Any]], selector: str) -> list[str]:
+    """What the migration Job needs that ``kubectl apply -l SELECTOR`` leaves out (besides the
+    Secret made by hand, where the overlay generates none)."""
+    chosen = {
+        (d["kind"], d["metadata"]["name"]) for d in documents if selects(selector, labels_of(d))
+    }
+    present = {(d["kind"], d["metadata"]["name"]) for d in documents}
+    jobs = [d for d in documents if d["kind"] == "Job"]
+    if not any(kind == "Job" for kind, _ in chosen):
+        return [f"{selector!r} selects no Job"]
+    return [
+        f"{kind}/{name}: the Job needs it, {selector!r} does not select it"
+        for job in jobs
+        for kind, name in sorted(references(job))
+        if (kind, name) in present and (kind, name) not in chosen
+    ]
+
+
+def test_the_documented_migration_step_applies_everything_the_job_needs() -> None:
+    applies = documented_applies()
+    migrations = [(d, s) for d, s in applies if s and "migration" in s and "!=" not in s]
+    assert migrations, "deploy.md has no migration step (kubectl apply -k ... -l ...migration...)"
+    for directory, selector in migrations:
+        assert selector is not None
+        documents = rendered(directory)
+        assert migration_step_misses(documents, selector) == [], (directory, selector)
+    # Against production, where the Secret is generated too: it is selected with the Job.
+    production = rendered(PRODUCTION)
+    selector = migrations[0][1]
+    assert selector is not None
+    assert migration_step_misses(production, selector) == []
+    needs = {kind for job in production if job["kind"] == "Job" for kind, _ in references(job)}
+    assert needs == {"ConfigMap", "Secret", "PriorityClass"}
+
+
+def test_the_documented_full_apply_leaves_the_job_and_takes_the_rest() -> None:
+    """After the migration, the rest is applied without the Job (whose pod template cannot
+    change) and with every Deployment."""
+    for directory, selector in documented_applies():
+        if selector is None or "!=" not in selector:
+            continue
+        documents = rendered(directory)
+        chosen = [d for d in documents if selects(selector, labels_of(d))]
+        assert not [d for d in chosen if d["kind"] == "Job"], selector
+        assert {d["metadata"]["name"] for d in chosen if d["kind"] == "Deployment"} == {
+            d["metadata"]["name"] for d in documents if d["kind"] == "Deployment"
+        }
+
+
+def test_a_migration_step_missing_the_config_map_is_caught() -> None:
+    documents = k8s_copy()
+    selector = "app.kubernetes.io/component in (config,migration)"
+    assert migration_step_misses(documents, selector) == []
+    config = next(d for d in documents if d["kind"] == "ConfigMap")
+    assert migration_step_misses(documents, "app.kubernetes.io/component=migration") == [
+        f"ConfigMap/{config['metadata']['name']}: the Job needs it, "
+        "'app.kubernetes.io/component=migration' does not select it",
+        "PriorityClass/seckill: the Job needs it, "
+        "'app.kubernetes.io/component=migration' does not select it",
+    ]
+    del config["metadata"]["labels"]["app.kubernetes.io/component"]
+    assert any("ConfigMap/" in line for line in migration_step_misses(documents, selector))
+
+
+def test_label_selectors_read_as_kubectl_does() -> None:
+    labels = {"app.kubernetes.io/component": "config", "tier": "x"}
+    assert selects("app.kubernetes.io/component in (config, migration)", labels)
+    assert not selects("app.kubernetes.io/component=migration", labels)
+    assert selects("app.kubernetes.io/component!=migration", labels)
+    assert selects("app.kubernetes.io/component!=migration", {})
+    assert not selects("tier=x,app.kubernetes.io/component notin (config)", labels)
+
+
+# -- what keeps a deployment up --------------------------------------------------------------
+
+
+def scaled_by_an_autoscaler(documents: list[dict[str, Any]]) -> list[str]:
+    """Deployments that set ``replicas`` while an HPA scales them: each apply resets it."""
+    targets = {
+        d["spec"]["scaleTargetRef"]["name"]
+        for d in documents
+        if d["kind"] == "HorizontalPodAutoscaler"
+    }
+    return [
+        f"Deployment/{d['metadata']['name']}: replicas {d['spec']['replicas']} beside its HPA"
+        for d in documents
+        if d["kind"] == "Deployment"
+        and d["metadata"]["name"] in targets
+        and "replicas" in d["spec"]
+    ]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=lambda p: p.name)
+def test_no_replicas_beside_an_autoscaler(target: Path) -> None:
+    documents = rendered(target)
+    assert [d for d in documents if d["kind"] == "HorizontalPodAutoscaler"]
+    assert scaled_by_an_autoscaler(documents) == []
+    planted = copy.deepcopy(documents)
+    next(
+        d for d in planted if d["metadata"]["name"] == "seckill-api" and d["kind"] == "Deployment"
+    )["spec"]["replicas"] = 2
+    assert scaled_by_an_autoscaler(planted) == ["Deployment/seckill-api: replicas 2 beside its HPA"]
+
+
+def by_kind(documents: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in documents if d["kind"] == kind}
+
+
+def test_sale_day_raises_the_floor_before_the_doors_open() -> None:
+    normal, sale = rendered(PRODUCTION), rendered(SALE_DAY)
+    before = by_kind(normal, "HorizontalPodAutoscaler")["seckill-api"]["spec"]
+    during = by_kind(sale, "HorizontalPodAutoscaler")["seckill-api"]["spec"]
+    assert during["minReplicas"] >= 5 * before["minReplicas"]
+    assert during["maxReplicas"] >= during["minReplicas"]
+    persisters = (by_kind(d, "Deployment")["seckill-persister"]["spec"] for d in (normal, sale))
+    assert next(persisters)["replicas"] < next(persisters)["replicas"]
+    assert "sale-day" in DEPLOY_MD.read_text()
+
+
+def test_a_changed_secret_or_setting_rolls_every_pod() -> None:
+    """The ConfigMap and the Secret carry a hash of their content in their names, and each pod
+    template refers to them by it: a changed key is a changed template, a rollout."""
+    first = rendered(PRODUCTION)
+    other = render(k8s_tree(secret="rotated") / "overlays" / "production")
+    generated = {
+        (d["kind"], d["metadata"]["name"]) for d in first if d["kind"] in ("ConfigMap", "Secret")
+    }
+    assert {kind for kind, _ in generated} == {"ConfigMap", "Secret"}
+    templates = [
+        {d["metadata"]["name"]: d["spec"]["template"] for d in docs if d["kind"] == "Deployment"}
+        for docs in (first, other)
+    ]
+    for name, template in templates[0].items():
+        needs = references({"spec": {"template": template}})
+        assert {ref for ref in needs if ref[0] in ("ConfigMap", "Secret")} <= generated, name
+        assert templates[1][name] != template, f"{name} does not roll when the Secret changes"
+
+
+def test_api_and_persisters_spread_across_nodes_and_keep_a_budget() -> None:
+    documents = rendered(K8S_BASE)
+    deployments = by_kind(documents, "Deployment")
+    budgets = by_kind(documents, "PodDisruptionBudget")
+    for name in ("seckill-api", "seckill-persister"):
+        template = deployments[name]["spec"]["template"]
+        pod_labels = template["metadata"]["labels"]
+        spread = template["spec"]["topologySpreadConstraints"]
+        on_nodes = [c for c in spread if c["topologyKey"] == "kubernetes.io/hostname"]
+        assert on_nodes and on_nodes[0]["whenUnsatisfiable"] == "DoNotSchedule", name
+        for constraint in spread:
+            assert constraint["labelSelector"]["matchLabels"].items() <= pod_labels.items()
+        budget = [
+            b for b in budgets.values()
+            if b["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        ]  # fmt: skip
+        assert budget and budget[0]["spec"].get("maxUnavailable") == 1, name
+    classes = by_kind(documents, "PriorityClass")
+    for doc in documents:
+        if doc["kind"] in ("Deployment", "Job"):
+            assert doc["spec"]["template"]["spec"].get("priorityClassName") in classes, doc
+    (job,) = by_kind(documents, "Job").values()
+    assert 0 < job["spec"]["ttlSecondsAfterFinished"] <= 7 * 86400
+
+
+_DIGEST = re.compile(r"^[\w.:/-]+@sha256:[0-9a-f]{64}$")
+
+
+@pytest.mark.parametrize("target", [PRODUCTION, SALE_DAY], ids=lambda p: p.name)
+def test_production_runs_the_image_by_digest(target: Path) -> None:
+    for doc in rendered(target):
+        if doc["kind"] in ("Deployment", "Job"):
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                assert _DIGEST.match(container["image"]), container["image"]
+    assert not _DIGEST.match("registry.example.com/seckill:0.1.0")
+
+
+def test_monitoring_objects_carry_the_release_label_from_one_place() -> None:
+    documents = rendered(K8S_BASE)
+    monitoring = [d for d in documents if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {d["kind"] for d in monitoring} == {"ServiceMonitor", "PrometheusRule"}
+    releases = {labels_of(d).get("release") for d in monitoring}
+    assert len(releases) == 1 and None not in releases, releases
+    (release,) = releases
+    assert (K8S_BASE / "kustomization.yaml").read_text().count(f"value: {release}") == 1
+    for name in (K8S_BASE / "monitoring.yaml", K8S_BASE / "prometheusrule.yaml"):
+        assert "release:" not in name.read_text(), f"{name}: set the release label in one place"
+
+
+# -- who may reach what ----------------------------------------------------------------------
+
+BUYERS = {"kubernetes.io/metadata.name": "shop-frontend"}
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def reachable(documents: list[dict[str, Any]], source: dict[str, str]) -> set[tuple[str, int]]:
+    """(component, port) of every container port a pod in a namespace labelled ``source``
+    may reach, under the rendered NetworkPolicies (ingress; pods of other namespaces)."""
+    policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    found = set()
+    for doc in documents:
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        labels = doc["spec"]["template"]["metadata"]["labels"]
+        ports = {
+            p.get("name", str(p["containerPort"])): int(p["containerPort"])
+            for c in doc["spec"]["template"]["spec"]["containers"]
+            for p in c.get("ports", [])
+        }
+        chosen = [
+            p for p in policies
+            if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()
+            and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        ]  # fmt: skip
+        for name, number in ports.items():
+            if not chosen or any(
+                admits(rule, source, name, number)
+                for policy in chosen
+                for rule in policy["spec"].get("ingress", [])
+            ):
+                found.add((labels[COMPONENT], number))
+    return found
+
+
+def admits(rule: dict[str, Any], source: dict[str, str], name: str, number: int) -> bool:
+    peers = rule.get("from")
+    if peers is not None and not any(
+        "namespaceSelector" in peer
+        and "podSelector" not in peer
+        and peer["namespaceSelector"].get("matchLabels", {}).items() <= source.items()
+        for peer in peers
+    ):
+        return False
+    ports = rule.get("ports")
+    return ports is None or any(p.get("port") in (name, number) for p in ports)
+
+
+def test_buyers_reach_the_api_port_only_and_monitoring_the_metrics_ports() -> None:
+    documents = rendered(K8S_BASE)
+    assert reachable(documents, BUYERS) == {("api", 8000)}
+    assert reachable(documents, MONITORING) == {("api", 8000)} | {
+        (name, 9100) for name in WORKER_ROLES
+    }
+    # The metrics policy open to every source: a buyer reaches every worker's metrics.
+    planted = copy.deepcopy(documents)
+    opened = next(d for d in planted if d["metadata"]["name"] == "seckill-metrics")
+    del opened["spec"]["ingress"][0]["from"]
+    assert ("persister", 9100) in reachable(planted, BUYERS)
