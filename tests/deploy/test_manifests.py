@@ -34,6 +34,7 @@ from benchmarks.manifests import (
     OVERLAYS,
     Role,
     compose_roles,
+    interpolated,
     k8s_roles,
     load_compose,
     render,
@@ -263,8 +264,79 @@ def test_prometheus_loads_the_alert_rules() -> None:
             capture_output=True, text=True,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
-    jobs = {job["job_name"] for job in config["scrape_configs"]}
-    assert jobs == {f"seckill-{name}" for name in ("api", *WORKER_ROLES)}
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {f"seckill-{name}" for name in ("api", *WORKER_ROLES)} | {
+        "redis-exporter",
+        "postgres-exporter",
+        "alertmanager",
+    }
+    # The rules aggregate by namespace: every job gives its targets one.
+    for name, job in jobs.items():
+        assert {"target_label": "namespace", "replacement": "seckill"} in job.get(
+            "relabel_configs", []
+        ), name
+    (alertmanagers,) = config["alerting"]["alertmanagers"]
+    services = load_compose()["services"]
+    for target in alertmanagers["static_configs"][0]["targets"]:
+        assert target.split(":")[0] in services, target
+    for name in ("redis-exporter", "postgres-exporter", "alertmanager"):
+        for target in jobs[name]["static_configs"][0]["targets"]:
+            assert target.split(":")[0] in services, target
+
+
+def alertmanager_problems(compose: dict[str, Any], tmp: Path) -> list[str]:
+    """Alertmanager's configuration (compose's `configs.alertmanager`, the webhook's address
+    given) passes ``amtool check-config``, and sends every alert to ALERT_WEBHOOK_URL."""
+    content = compose["configs"]["alertmanager"]["content"]
+    url = "https://pager.example/hook"
+    path = tmp / "alertmanager.yml"
+    path.write_text(interpolated(content, {"ALERT_WEBHOOK_URL": url}))
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        return [
+            "amtool is not installed: scripts/system-deps installs it (prometheus-alertmanager)"
+        ]
+    done = subprocess.run([amtool, "check-config", str(path)], capture_output=True, text=True)
+    if done.returncode:
+        return [f"amtool check-config: {done.stdout}{done.stderr}"]
+    config = yaml.safe_load(path.read_text())
+    receivers = {r["name"]: r for r in config["receivers"]}
+    hooks = [h["url"] for h in receivers[config["route"]["receiver"]].get("webhook_configs", [])]
+    if hooks != [url]:
+        return [f"the root route's receiver sends to {hooks}, not ALERT_WEBHOOK_URL"]
+    if "${ALERT_WEBHOOK_URL:?" not in content:
+        return ["ALERT_WEBHOOK_URL is not required: alerts could go nowhere"]
+    return []
+
+
+def test_compose_sends_alerts_to_the_webhook_a_person_sets(tmp_path: Path) -> None:
+    compose = load_compose()
+    assert alertmanager_problems(compose, tmp_path) == []
+    assert "alertmanager" in compose["services"]
+    planted = compose_copy()
+    planted["configs"]["alertmanager"]["content"] = planted["configs"]["alertmanager"][
+        "content"
+    ].replace("receiver: on-call", "receiver: nobody")
+    assert alertmanager_problems(planted, tmp_path)
+
+
+def test_compose_bounds_memory_and_restarts_what_stops() -> None:
+    compose = load_compose()
+    services = compose["services"]
+    for name, service in services.items():
+        assert service.get("mem_limit"), f"{name}: no memory limit"
+        if name not in ("db-upgrade", "redis-cluster-init"):
+            assert service.get("restart") == "unless-stopped", f"{name}: not restarted"
+    for name in ("redis", "redis-node-1", "redis-node-2", "redis-node-3"):
+        command = services[name]["command"]
+        policy = command[command.index("--maxmemory-policy") + 1]
+        assert policy == "noeviction", f"{name}: an evicted key is a lost sale"
+        maxmemory = interpolated(command[command.index("--maxmemory") + 1], {})
+        assert int(maxmemory.removesuffix("gb")) * 1024 < int(
+            services[name]["mem_limit"].removesuffix("m")
+        ), f"{name}: maxmemory {maxmemory} does not fit its container"
+    images = {service.get("image", "").split(":")[0] for service in services.values()}
+    assert {"oliver006/redis_exporter", "quay.io/prometheuscommunity/postgres-exporter"} <= images
 
 
 # -- the processes against the product -------------------------------------------------------
