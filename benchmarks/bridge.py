@@ -74,6 +74,7 @@ from benchmarks.harness import cpu_spent, free_port, percentile, redis_binary
 from seckill.domain.events import decode_event
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
+from seckill.domain.money import Money
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX, items_registry
@@ -88,6 +89,9 @@ from seckill.store.migrate import upgrade
 from seckill.workers.bridge import Bridge, BridgeConfig
 from seckill.workers.loop import run_until_stopped
 from seckill.workers.persister import Persister
+
+# The engine checks a charge against the unit price it is given: both nothing here.
+UNPRICED = Money(0, "USD")
 
 DEFAULT_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
@@ -345,7 +349,12 @@ async def build_backlog(engine: RedisEngine, item_id: int, orders: int) -> Count
     async def pay(turns: Iterator[int]) -> None:
         for i in turns:
             settled = await engine.settle_payment(
-                item_id, order_ids[i], payment_id=f"pay-{order_ids[i]}", succeeded=True
+                item_id,
+                order_ids[i],
+                payment_id=f"pay-{order_ids[i]}",
+                succeeded=True,
+                charged=UNPRICED,
+                unit_price=UNPRICED,
             )
             outcomes[settled.outcome.value] += 1
 

@@ -69,6 +69,7 @@ from benchmarks.harness import (
 )
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import NewItem
+from seckill.domain.money import Money
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX
@@ -81,6 +82,9 @@ from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
 from seckill.workers.persister import Persister, PersisterConfig
 from seckill.workers.reaper import Reaper
+
+# The engine checks a charge against the unit price it is given: both nothing here.
+UNPRICED = Money(0, "USD")
 
 IDEMPOTENCY_TTL_MS = 3_600_000
 HOLD_SECONDS = 3600  # no hold falls due during a run: the reaper's passes find nothing to do
@@ -200,7 +204,12 @@ async def sell(
             sys.exit(f"item {item_id}: a reservation answered {reserved.outcome}")
         if pay:
             paid = await stores.engine.settle_payment(
-                item_id, order_id, payment_id=f"pay-{order_id}", succeeded=True
+                item_id,
+                order_id,
+                payment_id=f"pay-{order_id}",
+                succeeded=True,
+                charged=UNPRICED,
+                unit_price=UNPRICED,
             )
             if paid.outcome is not Outcome.PAID:
                 sys.exit(f"item {item_id}: a payment answered {paid.outcome}")

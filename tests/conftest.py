@@ -27,6 +27,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from seckill.domain.holds import PaymentSettlement
 from seckill.domain.items import NewItem, SaleItem
+from seckill.domain.money import Money
 from seckill.engine.cluster import RedisClient, connect
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX
@@ -170,13 +171,23 @@ def timed_engine(redis: RedisClient, scripts: Scripts, clock: ManualClock) -> Re
     )
 
 
+# The price of an item the test sells for nothing: every order's sum is 0 USD, for tests of
+# anything but the sum (a test of the sum names its own prices).
+FREE = Money(0, "USD")
+
+
 async def pay(
     engine: RedisEngine, item_id: int, order_id: int, payment_id: str | None = None
 ) -> PaymentSettlement:
     """The provider's success notice for an order: paid with its own payment id (``pay-<order
     id>``) unless one is given."""
     return await engine.settle_payment(
-        item_id, order_id, payment_id=payment_id or f"pay-{order_id}", succeeded=True
+        item_id,
+        order_id,
+        payment_id=payment_id or f"pay-{order_id}",
+        succeeded=True,
+        charged=FREE,
+        unit_price=FREE,
     )
 
 

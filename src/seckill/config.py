@@ -21,7 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from seckill.domain.rules import MAX_STOCK_SHARDS
+from seckill.domain.rules import CURRENCY_PATTERN, DEFAULT_CURRENCY, MAX_STOCK_SHARDS
 from seckill.engine.keys import DEFAULT_PREFIX
 
 ENV_PREFIX = "SECKILL_"
@@ -140,6 +140,12 @@ class Settings(BaseSettings):
 
     hold_seconds: int = Field(300, ge=1, description="Default time a buyer has to pay.")
     per_buyer_limit: int = Field(1, ge=1, description="Default units one buyer may hold or buy.")
+    currency: str = Field(
+        DEFAULT_CURRENCY,
+        pattern=CURRENCY_PATTERN,
+        description="Default currency of a new item (ISO 4217 code, e.g. EUR): every payment "
+        "notice for the item must carry it.",
+    )
     stock_shards: int = Field(
         1,
         ge=1,

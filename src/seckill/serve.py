@@ -356,7 +356,9 @@ async def _prepare_schema(settings: Settings) -> None:
 
     database = open_database(settings.effective_database_url, tls=database_ssl_context(settings))
     try:
-        await prepare_schema(database, embedded=settings.database_url_is_default)
+        await prepare_schema(
+            database, embedded=settings.database_url_is_default, currency=settings.currency
+        )
     finally:
         await database.dispose()
 

@@ -22,6 +22,7 @@ from seckill.api.app import create_app
 from seckill.bootstrap.runtime import Runtime, open_runtime
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
+from seckill.domain.money import Money
 from seckill.security.signatures import SIGNATURE_HEADER, sign
 from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role, token_codec
@@ -110,6 +111,7 @@ class Api:
     settings: Settings
     # (item, buyer) -> (ticket, expiry in epoch seconds), reused by buy() until it expires.
     tickets: dict[tuple[int, str], tuple[str, float]] = field(default_factory=dict)
+    prices: dict[int, Money] = field(default_factory=dict)  # of the items create_item made
 
     def token(self, subject: str, role: Role = Role.BUYER) -> str:
         return token_codec(self.settings).mint(subject, role, ttl_seconds=600)
@@ -154,6 +156,7 @@ class Api:
         )
         assert answer.status_code == 201, answer.text
         item_id = int(answer.json()["item_id"])
+        self.prices[item_id] = Money(answer.json()["price_cents"], answer.json()["currency"])
         if warm:
             warmed = await self.http.post(
                 f"/api/v1/admin/items/{item_id}/warm", headers=self.as_admin
@@ -214,13 +217,23 @@ class Api:
         }
 
     async def pay(
-        self, item_id: int, order_id: str, payment_id: str, *, succeeded: bool = True
+        self,
+        item_id: int,
+        order_id: str,
+        payment_id: str,
+        *,
+        succeeded: bool = True,
+        charged: Money | None = None,
     ) -> Answer:
+        """The provider's notice; ``charged`` defaults to one unit of the item at its price."""
+        charged = charged or self.prices.get(item_id, Money(19_900, "USD"))
         notice: dict[str, str | int] = {
             "payment_id": payment_id,
             "item_id": item_id,
             "order_id": order_id,
             "status": "succeeded" if succeeded else "failed",
+            "amount": charged.cents,
+            "currency": charged.currency,
         }
         body, headers = self.signed(notice)
         return await self.http.post("/api/v1/payments/callback", content=body, headers=headers)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from seckill.domain.holds import HoldState
-from seckill.engine.keys import DEFAULT_PREFIX, item_keys
+from seckill.domain.money import Money
 from tests.api.conftest import Api
 
 pytestmark = pytest.mark.redis_variants("redis7")
@@ -149,24 +149,70 @@ async def test_a_failure_after_success_changes_nothing(api: Api) -> None:
     assert late_failure.json()["order_status"] == "paid"
 
 
-async def test_a_notice_for_an_unknown_order_is_404(api: Api) -> None:
+async def test_a_charge_for_an_unknown_order_is_a_refund_owed_and_a_failure_404(
+    api: Api,
+) -> None:
     item_id = await api.create_item(total=1)
-    answer = await api.pay(item_id, "123456789", "pay-1")
-    assert answer.status_code == 404
-    assert answer.json()["error"] == "unknown_order"
+    failed = await api.pay(item_id, "123456789", "pay-0", succeeded=False)
+    assert (failed.status_code, failed.json()["error"]) == (404, "unknown_order")
+    charged = Money(1234, "EUR")
+    answers = [await api.pay(item_id, "123456789", "pay-1", charged=charged) for _ in range(2)]
+    for answer, replayed in zip(answers, (False, True), strict=True):
+        assert answer.status_code == 200, answer.text
+        assert answer.json() | {"replayed": replayed} == {
+            "payment_id": "pay-1", "item_id": item_id, "order_id": "123456789",
+            "outcome": "refund_required", "order_status": None, "refund_required": True,
+            "refund_reason": "unknown_order", "replayed": replayed,
+        }  # fmt: skip
+    [refund] = (await api.http.get("/api/v1/admin/refunds", headers=api.as_admin)).json()["refunds"]
+    assert {k: refund[k] for k in ("order_id", "buyer", "quantity", "amount_cents")} == {
+        "order_id": "123456789", "buyer": None, "quantity": None, "amount_cents": 1234,
+    }  # fmt: skip
+    assert (refund["currency"], refund["reason"]) == ("EUR", "unknown_order")
 
 
-async def test_a_notice_naming_another_item_is_404_and_changes_nothing(api: Api) -> None:
+async def test_a_notice_naming_another_item_is_a_refund_owed_there_and_changes_the_order_not(
+    api: Api,
+) -> None:
     item_id, order_id = await held_order(api)
     other = await api.create_item(total=5)
-    before = await state(api, item_id, order_id), await state(api, other, order_id)
+    before = await state(api, item_id, order_id)
     answer = await api.pay(other, order_id, "pay-1")
-    assert answer.status_code == 404, answer.text
-    assert answer.json()["error"] == "unknown_order"
-    assert (await state(api, item_id, order_id), await state(api, other, order_id)) == before
-    assert not await api.runtime.redis.hexists(item_keys(other, DEFAULT_PREFIX).payments, "pay-1")
-    # The notice under its own item still pays, once.
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["refund_reason"], answer.json()["order_status"]) == (
+        "unknown_order", None
+    )  # fmt: skip
+    assert await state(api, item_id, order_id) == before
+    # The notice under its own item still pays, once (the reconciler reports the payment id
+    # on two items: one charge, recorded twice).
     assert (await api.pay(item_id, order_id, "pay-1")).json()["outcome"] == "paid"
+
+
+@pytest.mark.parametrize(
+    ("charged", "reason"),
+    [
+        (Money(19_899, "USD"), "amount_mismatch"),  # one cent short
+        (Money(19_901, "USD"), "amount_mismatch"),  # one cent over
+        (Money(19_900, "EUR"), "currency_mismatch"),
+    ],
+)
+async def test_a_wrong_sum_is_a_refund_owed_of_it_and_the_order_stays_payable(
+    api: Api, charged: Money, reason: str
+) -> None:
+    item_id, order_id = await held_order(api)
+    for replayed in (False, True):
+        wrong = await api.pay(item_id, order_id, "wrong", charged=charged)
+        assert wrong.status_code == 200, wrong.text
+        assert {k: wrong.json()[k] for k in ("outcome", "order_status", "refund_reason")} == {
+            "outcome": "refund_required", "order_status": "held", "refund_reason": reason,
+        }  # fmt: skip
+        assert wrong.json()["replayed"] is replayed
+    right = await api.pay(item_id, order_id, "right")
+    assert (right.json()["outcome"], right.json()["order_status"]) == ("paid", "paid")
+    [refund] = (await api.http.get("/api/v1/admin/refunds", headers=api.as_admin)).json()["refunds"]
+    assert (refund["payment_id"], refund["amount_cents"], refund["currency"]) == (
+        "wrong", charged.cents, charged.currency
+    )  # fmt: skip
 
 
 async def test_a_payment_after_the_deadline_is_refunded_not_sold(api: Api) -> None:

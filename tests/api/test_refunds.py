@@ -93,7 +93,7 @@ async def test_refunds_owed_land_once_page_and_are_marked_once(served: Api, tmp_
     dashboard = await served.http.get(
         f"/api/v1/admin/dashboard?item={item_id}", headers=served.as_admin
     )
-    assert dashboard.json()["items"][0]["refunds_owed"] == {"count": 1, "amount_cents": 19_900}
+    assert dashboard.json()["items"][0]["refunds_owed"] == {"count": 1, "amounts": {"USD": 19_900}}
 
     # The operator's command over the same stores.
     where = {

@@ -17,6 +17,7 @@ from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.items import NewItem, Stock
 from seckill.domain.lifecycle import Stage, Unsettled
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.shards import home_shard
@@ -37,6 +38,8 @@ from seckill.store.tables import Payment
 from seckill.workers.archiver import Archiver
 from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import ManualClock
+
+PRICE = Money(500, "USD")  # the archived item's, for its one unit
 
 # Every variant for what depends on the server (the script, the streams, the slots); Redis 7
 # alone for what is the same logic on each.
@@ -106,7 +109,12 @@ async def buy(engine: RedisEngine, item_id: int, buyer: str, order_id: int) -> N
 
 async def pay(engine: RedisEngine, item_id: int, order_id: int) -> None:
     paid = await engine.settle_payment(
-        item_id, order_id, payment_id=f"pay-{order_id}", succeeded=True
+        item_id,
+        order_id,
+        payment_id=f"pay-{order_id}",
+        succeeded=True,
+        charged=PRICE,
+        unit_price=PRICE,
     )
     assert paid.outcome is Outcome.PAID
 
@@ -230,7 +238,7 @@ async def test_a_late_payment_after_archiving_is_a_refund_and_moves_no_stock(
     cancelled = item_id * 100 + 4
 
     late, view = await orders.settle_payment(
-        item_id, cancelled, payment_id="late-1", succeeded=True
+        item_id, cancelled, payment_id="late-1", succeeded=True, charged=PRICE
     )
 
     assert (late.outcome, late.reason, late.replayed) == (
@@ -238,18 +246,26 @@ async def test_a_late_payment_after_archiving_is_a_refund_and_moves_no_stock(
     )  # fmt: skip
     assert view.status is OrderStatus.REFUND_REQUIRED
     assert await ledger.stock(item_id) == before
-    again, _ = await orders.settle_payment(item_id, cancelled, payment_id="late-1", succeeded=True)
+    again, _ = await orders.settle_payment(
+        item_id, cancelled, payment_id="late-1", succeeded=True, charged=PRICE
+    )
     assert (again.outcome, again.replayed) == (Outcome.REFUND_REQUIRED, True)
     with pytest.raises(InvalidRequest) as reused:
-        await orders.settle_payment(item_id, cancelled, payment_id="late-1", succeeded=False)
+        await orders.settle_payment(
+            item_id, cancelled, payment_id="late-1", succeeded=False, charged=PRICE
+        )
     assert reused.value.code is ErrorCode.PAYMENT_ID_REUSED
     failed, _ = await orders.settle_payment(
-        item_id, cancelled, payment_id="late-2", succeeded=False
+        item_id, cancelled, payment_id="late-2", succeeded=False, charged=PRICE
     )
     assert failed.outcome is Outcome.ALREADY_RELEASED
     # The notices Redis answered before archiving moved to SQL: a retry gets the same answer.
     replayed, _ = await orders.settle_payment(
-        item_id, item_id * 100 + 1, payment_id=f"pay-{item_id * 100 + 1}", succeeded=True
+        item_id,
+        item_id * 100 + 1,
+        payment_id=f"pay-{item_id * 100 + 1}",
+        succeeded=True,
+        charged=PRICE,
     )
     assert (replayed.outcome, replayed.replayed) == (Outcome.PAID, True)
     # The refund is in the journal, and SQL still agrees with itself.
@@ -359,7 +375,12 @@ async def test_a_late_payment_answered_by_redis_mid_archiving_is_kept(
     remains = await engine.shard_remains(item_id)
     await ledger.mark_archived(item_id, [])
     late = await engine.settle_payment(
-        item_id, item_id * 100 + 5, payment_id="late-mid", succeeded=True
+        item_id,
+        item_id * 100 + 5,
+        payment_id="late-mid",
+        succeeded=True,
+        charged=PRICE,
+        unit_price=PRICE,
     )
     assert late.outcome is Outcome.REFUND_REQUIRED
 
@@ -372,7 +393,7 @@ async def test_a_late_payment_answered_by_redis_mid_archiving_is_kept(
 
     orders = OrderBook(engine=engine, ledger=ledger)
     again, view = await orders.settle_payment(
-        item_id, item_id * 100 + 5, payment_id="late-mid", succeeded=True
+        item_id, item_id * 100 + 5, payment_id="late-mid", succeeded=True, charged=PRICE
     )
     assert (again.outcome, again.replayed) == (Outcome.REFUND_REQUIRED, True)
     assert view.status is OrderStatus.REFUND_REQUIRED
@@ -402,14 +423,18 @@ async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
 
     async def notify(item: int, order: int, payment_id: str, succeeded: bool = True) -> Outcome:
         answer = await engine.settle_payment(
-            item, order, payment_id=payment_id, succeeded=succeeded
+            item, order, payment_id=payment_id, succeeded=succeeded, charged=PRICE, unit_price=PRICE
         )
         notices.append((item, order, payment_id, succeeded))
         return answer.outcome
 
     raced = await asyncio.gather(
-        engine.settle_payment(item_id, orders["A"], payment_id="P1", succeeded=True),
-        engine.settle_payment(item_id, orders["B"], payment_id="P1", succeeded=True),
+        engine.settle_payment(
+            item_id, orders["A"], payment_id="P1", succeeded=True, charged=PRICE, unit_price=PRICE
+        ),
+        engine.settle_payment(
+            item_id, orders["B"], payment_id="P1", succeeded=True, charged=PRICE, unit_price=PRICE
+        ),
         return_exceptions=True,
     )
     winner, loser = ("A", "B") if not isinstance(raced[0], Exception) else ("B", "A")
@@ -426,7 +451,7 @@ async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
     await engine.scripts.call(
         ScriptName.CLAIM_PAYMENT,
         (*keys.all_fixed(), keys.payments),
-        (item_id, orders["F"], "P6", "succeeded", 1),
+        (item_id, orders["F"], "P6", "succeeded", PRICE.cents, PRICE.currency, 1),
     )
     await end_sale(clock, ledger, item_id)
     await land(redis, ledger)
@@ -440,13 +465,17 @@ async def test_archiving_keeps_every_notice_however_odd_and_answers_them_after(
     assert kept == {(item, payment_id) for item, _, payment_id, _ in notices}
     for item, order, payment_id, succeeded in notices:  # the provider retries each
         again, _ = await book.settle_payment(
-            item, order, payment_id=payment_id, succeeded=succeeded
+            item, order, payment_id=payment_id, succeeded=succeeded, charged=PRICE
         )
         assert again.replayed, (item, order, payment_id)
     with pytest.raises(InvalidRequest) as reused:
-        await book.settle_payment(item_id, orders[loser], payment_id="P1", succeeded=True)
+        await book.settle_payment(
+            item_id, orders[loser], payment_id="P1", succeeded=True, charged=PRICE
+        )
     assert reused.value.code is ErrorCode.PAYMENT_ID_REUSED
-    late, view = await book.settle_payment(item_id, orders["F"], payment_id="P6", succeeded=True)
+    late, view = await book.settle_payment(
+        item_id, orders["F"], payment_id="P6", succeeded=True, charged=PRICE
+    )
     assert (late.outcome, late.reason, late.replayed) == (
         Outcome.REFUND_REQUIRED, ReleaseReason.CANCELLED, False
     )  # fmt: skip
@@ -473,18 +502,20 @@ async def test_notices_for_an_archived_item_are_settled_in_sql(
     book = OrderBook(engine=engine, ledger=ledger)
     paid, cancelled, also_cancelled = item_id * 100 + 1, item_id * 100 + 4, item_id * 100 + 5
 
-    twice, view = await book.settle_payment(item_id, paid, payment_id="again", succeeded=True)
+    twice, view = await book.settle_payment(
+        item_id, paid, payment_id="again", succeeded=True, charged=PRICE
+    )
     assert (twice.outcome, twice.reason, view.status) == (
         Outcome.REFUND_REQUIRED, RefundReason.DUPLICATE_CHARGE, OrderStatus.PAID
     )  # fmt: skip
     for payment_id in ("late-1", "late-2"):
         late, _ = await book.settle_payment(
-            item_id, cancelled, payment_id=payment_id, succeeded=True
+            item_id, cancelled, payment_id=payment_id, succeeded=True, charged=PRICE
         )
         assert (late.outcome, late.reason) == (Outcome.REFUND_REQUIRED, RefundReason.CANCELLED)
     raced = await asyncio.gather(
         *(
-            book.settle_payment(item_id, order, payment_id="same", succeeded=True)
+            book.settle_payment(item_id, order, payment_id="same", succeeded=True, charged=PRICE)
             for order in (cancelled, also_cancelled)
         ),
         return_exceptions=True,

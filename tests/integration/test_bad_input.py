@@ -121,6 +121,7 @@ async def test_bad_payment_release_expire_change_nothing(
 # What Python never sends: the scripts must still refuse it, writing nothing.
 ITEM, BUYER, QTY, ORDER, TTL, NOW = "1", "alice", "1", "777", "60000", ""
 TOO_BIG = str(2**63)
+SUM = ("100", "USD")  # a charge (and an item's price): a notice's own arguments
 RAW: list[tuple[ScriptName, tuple[str, ...], ErrorCode]] = [
     (ScriptName.RESERVE, ("01", BUYER, QTY, ORDER, TTL, NOW), ErrorCode.INVALID_ITEM_ID),
     (ScriptName.RESERVE, (ITEM, "", QTY, ORDER, TTL, NOW), ErrorCode.INVALID_BUYER),
@@ -146,27 +147,44 @@ RAW: list[tuple[ScriptName, tuple[str, ...], ErrorCode]] = [
     # forced, but the new total 1 is below the 2 units held and paid
     (ScriptName.LOAD_ITEM, (ITEM, "1", "0", "10", "1", "1", "1", NOW),
      ErrorCode.TOTAL_BELOW_COMMITTED),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, "0", "pay-1", "failed", NOW), ErrorCode.INVALID_ORDER_ID),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "", "failed", NOW), ErrorCode.INVALID_PAYMENT_ID),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "p" * 65, "failed", NOW),
-     ErrorCode.INVALID_PAYMENT_ID),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay 1", "failed", NOW),
-     ErrorCode.INVALID_PAYMENT_ID),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "", NOW), ErrorCode.INVALID_PAYMENT_RESULT),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "Failed", NOW),
-     ErrorCode.INVALID_PAYMENT_RESULT),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "0"), ErrorCode.INVALID_TIME),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, "abc", "pay-1", "succeeded", NOW),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, "0", "pay-1", "failed", *SUM, NOW, *SUM),
      ErrorCode.INVALID_ORDER_ID),
-    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", "-5"),
-     ErrorCode.INVALID_TIME),
-    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", "0"), ErrorCode.INVALID_SHARD),
-    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", "64"), ErrorCode.INVALID_SHARD),
-    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay 1", "succeeded", "1"),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "", "failed", *SUM, NOW, *SUM),
      ErrorCode.INVALID_PAYMENT_ID),
-    (ScriptName.CLAIM_PAYMENT, (ITEM, "0", "pay-1", "succeeded", "1"), ErrorCode.INVALID_ORDER_ID),
-    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "paid", "1"),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "p" * 65, "failed", *SUM, NOW, *SUM),
+     ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay 1", "failed", *SUM, NOW, *SUM),
+     ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "", *SUM, NOW, *SUM),
      ErrorCode.INVALID_PAYMENT_RESULT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "Failed", *SUM, NOW, *SUM),
+     ErrorCode.INVALID_PAYMENT_RESULT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", *SUM, "0", *SUM),
+     ErrorCode.INVALID_TIME),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, "abc", "pay-1", "succeeded", *SUM, NOW, *SUM),
+     ErrorCode.INVALID_ORDER_ID),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", *SUM, "-5", *SUM),
+     ErrorCode.INVALID_TIME),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", *SUM, "0"),
+     ErrorCode.INVALID_SHARD),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "succeeded", *SUM, "64"),
+     ErrorCode.INVALID_SHARD),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay 1", "succeeded", *SUM, "1"),
+     ErrorCode.INVALID_PAYMENT_ID),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, "0", "pay-1", "succeeded", *SUM, "1"),
+     ErrorCode.INVALID_ORDER_ID),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "paid", *SUM, "1"),
+     ErrorCode.INVALID_PAYMENT_RESULT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "-1", "USD", NOW, *SUM),
+     ErrorCode.INVALID_AMOUNT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "1000000000000000", "USD", NOW,
+     *SUM), ErrorCode.INVALID_AMOUNT),
+    (ScriptName.SETTLE_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "100", "usd", NOW, *SUM),
+     ErrorCode.INVALID_CURRENCY),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "1.5", "USD", "1"),
+     ErrorCode.INVALID_AMOUNT),
+    (ScriptName.CLAIM_PAYMENT, (ITEM, ORDER, "pay-1", "failed", "100", "EURO", "1"),
+     ErrorCode.INVALID_CURRENCY),
     (ScriptName.REPLAY_REFUNDS, (ITEM, NOW, "pay 1"), ErrorCode.INVALID_PAYMENT_ID),
     (ScriptName.REPLAY_REFUNDS, (ITEM, "x"), ErrorCode.INVALID_TIME),
 ]  # fmt: skip
@@ -209,11 +227,17 @@ async def _lua_refusal(engine: RedisEngine, scripts: Scripts, buyer: str, quanti
     return None
 
 
-async def _lua_payment_refusal(engine: RedisEngine, scripts: Scripts, payment_id: str) -> Any:
+async def _lua_payment_refusal(
+    engine: RedisEngine,
+    scripts: Scripts,
+    payment_id: str,
+    amount: str = "100",
+    currency: str = "USD",
+) -> Any:
     keys = engine.keys(1)
-    args = ("1", str(ids.next()), payment_id, "succeeded", "")
+    args = ("1", str(ids.next()), payment_id, "failed", amount, currency, "", "100", "USD")
     try:
-        # No such hold: a valid notice answers unknown_order and writes nothing.
+        # No such hold: a valid failure answers unknown_order and writes nothing.
         await scripts.call(ScriptName.SETTLE_PAYMENT, (*keys.all_fixed(), keys.payments), args)
     except InvalidRequest as exc:
         return exc.code
@@ -263,4 +287,24 @@ async def test_python_and_lua_agree_on_payment_ids(
     refused = await _lua_payment_refusal(engine, scripts, payment_id)
     assert (refused is ErrorCode.INVALID_PAYMENT_ID) == _python_refuses(
         rules.check_payment_id, payment_id
+    )
+
+
+@AGREEMENT
+@given(amount=st.integers(min_value=-5, max_value=rules.MAX_AMOUNT + 5) | st.integers())
+async def test_python_and_lua_agree_on_amounts(
+    engine: RedisEngine, scripts: Scripts, amount: int
+) -> None:
+    refused = await _lua_payment_refusal(engine, scripts, "pay-1", amount=str(amount))
+    assert (refused is ErrorCode.INVALID_AMOUNT) == _python_refuses(rules.check_amount, amount)
+
+
+@AGREEMENT
+@given(currency=st.text(st.characters(min_codepoint=0, max_codepoint=0x7F), max_size=4))
+async def test_python_and_lua_agree_on_currencies(
+    engine: RedisEngine, scripts: Scripts, currency: str
+) -> None:
+    refused = await _lua_payment_refusal(engine, scripts, "pay-1", currency=currency)
+    assert (refused is ErrorCode.INVALID_CURRENCY) == _python_refuses(
+        rules.check_currency, currency
     )

@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from seckill.bootstrap.workers import WorkerKind
 from seckill.domain.ids import OrderIds
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
 from seckill.engine.engine import RedisEngine
 from seckill.redis_cluster import LocalCluster
@@ -81,7 +82,11 @@ async def notify(book: OrderBook, item_id: int, order_id: int) -> str | None:
     """The provider's success notice: the outcome it was told (200), or None (503: try again)."""
     try:
         settlement, _ = await book.settle_payment(
-            item_id, order_id, payment_id=f"pay-{order_id}", succeeded=True
+            item_id,
+            order_id,
+            payment_id=f"pay-{order_id}",
+            succeeded=True,
+            charged=Money(999, "USD"),  # new_item's price, one unit
         )
     except (NotLanded, ItemRecovering, RedisConnectionError, ConnectionError):
         return None

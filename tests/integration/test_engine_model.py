@@ -51,7 +51,7 @@ from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
-from tests.conftest import ManualClock, RedisTarget, client_of, flush, pay
+from tests.conftest import FREE, ManualClock, RedisTarget, client_of, flush, pay
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
@@ -175,10 +175,14 @@ class ItemModel:
                 return ErrorCode.PAYMENT_ID_REUSED
             return PaymentSettlement(outcome, reason, replayed=True)
         hold = self.holds.get(order_id)
-        if hold is None:
+        if hold is None and not succeeded:
             return PaymentSettlement(Outcome.UNKNOWN_ORDER)  # and not recorded
         answer: PaymentSettlement
-        if succeeded:
+        if hold is None:  # money taken for an order nobody holds: owed back
+            reason = RefundReason.UNKNOWN_ORDER
+            self.journal.append(("refund_required", str(order_id), reason.value))
+            answer = PaymentSettlement(Outcome.REFUND_REQUIRED, reason)
+        elif succeeded:
             answer = self.pay(hold, payment_id, now)
         elif hold.state is HoldState.PAID:
             answer = PaymentSettlement(Outcome.ALREADY_PAID)
@@ -429,7 +433,12 @@ class EngineModel(RuleBasedStateMachine):
             got: Answer = self.call(
                 item_id,
                 self.engine.settle_payment(
-                    item_id, order_id, payment_id=payment_id, succeeded=succeeded
+                    item_id,
+                    order_id,
+                    payment_id=payment_id,
+                    succeeded=succeeded,
+                    charged=FREE,
+                    unit_price=FREE,
                 ),
             )
         except InvalidRequest as exc:

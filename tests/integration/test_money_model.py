@@ -3,8 +3,10 @@ over payment notices (successes and failures, reused payment ids, retries, two n
 holds running out, and archiving the item mid-run) against real Redis and SQL, a persister
 landing while notices wait (each is answered once SQL holds what it did).
 
-The invariant, after every step: every success notice ever accepted is exactly one of the
-payment of a paid order or a refund owed for that payment, no payment id belongs to two orders
+Notices carry a charge: mostly the order's sum, sometimes a cent off or another currency, and
+some name an order nobody issued. The invariant, after every step: every success notice ever
+accepted is exactly one of the payment of a paid order with the order's sum or a refund owed of
+the sum charged for that payment, no payment id belongs to two orders
 (as the live side records them: Redis while the item is on sale, SQL once archived), and a
 notice sent again is answered as it was the first time (checked as each retry is sent). Exact
 answers are test_engine_model.py's; this machine holds the money rule through races and
@@ -33,17 +35,18 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from seckill.domain.events import ReleaseReason
+from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import HoldState, PaymentSettlement
 from seckill.domain.items import NewItem
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
-from seckill.domain.outcomes import InvalidRequest, Outcome
-from seckill.engine.audit import redis_accounts
+from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
+from seckill.engine.audit import recorded_charge, redis_accounts
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import DEFAULT_PREFIX
 from seckill.engine.scripts import Scripts
 from seckill.services.archive import Archivist
-from seckill.services.orders import OrderBook
+from seckill.services.orders import OrderBook, OrderNotFound
 from seckill.services.reconcile.drift import sql_accounts
 from seckill.services.reconcile.records import audit_records
 from seckill.store.database import open_database
@@ -66,11 +69,19 @@ HOLD_MS = 1_000
 T = TypeVar("T")
 
 
+PRICE = Money(700, "USD")  # the item's; every order is of one unit
+CHARGES = st.sampled_from(
+    [PRICE, PRICE, PRICE, Money(699, "USD"), Money(701, "USD"), Money(700, "EUR")]
+)
+UNKNOWN_ORDER = 999_999  # an order id never issued
+
+
 @dataclass(frozen=True)
 class Notice:
     order_id: int
     payment_id: str
     succeeded: bool
+    charged: Money = PRICE
 
 
 class MoneyMachine(RuleBasedStateMachine):
@@ -162,9 +173,13 @@ class MoneyMachine(RuleBasedStateMachine):
                 notice.order_id,
                 payment_id=notice.payment_id,
                 succeeded=notice.succeeded,
+                charged=notice.charged,
             )
         except InvalidRequest as refused:
             return refused
+        except OrderNotFound:  # a failure for an order nobody knows: 404, nothing recorded
+            assert not notice.succeeded and notice.order_id == UNKNOWN_ORDER, notice
+            return InvalidRequest(ErrorCode.INVALID_ORDER_ID, "unknown")
         return settlement
 
     def learn(self, notice: Notice, answer: PaymentSettlement | InvalidRequest) -> None:
@@ -195,10 +210,11 @@ class MoneyMachine(RuleBasedStateMachine):
         data=st.data(),
         payment_id=st.one_of(st.sampled_from(PAYMENT_IDS), st.uuids().map(str)),
         succeeded=st.booleans(),
+        charged=CHARGES,
     )
-    def notice(self, data: st.DataObject, payment_id: str, succeeded: bool) -> None:
-        order_id = data.draw(st.sampled_from(self.orders), label="order")
-        notice = Notice(order_id, payment_id, succeeded)
+    def notice(self, data: st.DataObject, payment_id: str, succeeded: bool, charged: Money) -> None:
+        order_id = data.draw(st.sampled_from([*self.orders, UNKNOWN_ORDER]), label="order")
+        notice = Notice(order_id, payment_id, succeeded, charged)
         self.learn(notice, self.run(self.landing(self.notify(notice))))
 
     @precondition(lambda self: self.first)
@@ -282,17 +298,20 @@ class MoneyMachine(RuleBasedStateMachine):
                 if o.status is OrderStatus.PAID
             }
             refunds = {p: r.order_id for p, r in book.refunds.items()}
+            refund_sums = {p: r.charged for p, r in book.refunds.items()}
             system = sql_accounts(book)
         else:
             snapshots = [self.run(self.engine.snapshot(self.item_id, s)) for s in range(3)]
             holds = {o: h for s in snapshots for o, h in s.holds.items()}
             paid_by = {o: h.payment_id for o, h in holds.items() if h.state is HoldState.PAID}
-            refunds = {
-                p: int(r["order_id"])
+            owed = [
+                (p, r)
                 for s in snapshots
                 for p, r in s.payments.items()
                 if r.get("outcome") == "refund_required"
-            }
+            ]
+            refunds = {p: int(r["order_id"]) for p, r in owed}
+            refund_sums = {p: recorded_charge(r) for p, r in owed}
             system = redis_accounts(snapshots)
         assert system.balanced, system.summary()
         orders_of: dict[str, set[int]] = defaultdict(set)
@@ -304,6 +323,16 @@ class MoneyMachine(RuleBasedStateMachine):
             refund = refunds.get(notice.payment_id) == notice.order_id
             assert sale != refund, (notice, answer, sale, refund)
             assert sale == (answer.outcome is Outcome.PAID), (notice, answer)
+            if sale:  # paid with the order's sum (one unit)
+                assert notice.charged == PRICE, (notice, answer)
+            else:  # owed back, of the sum charged
+                assert refund_sums[notice.payment_id] == notice.charged, (notice, answer)
+                if notice.order_id == UNKNOWN_ORDER:
+                    assert answer.reason is RefundReason.UNKNOWN_ORDER, (notice, answer)
+                elif notice.charged != PRICE:
+                    assert answer.reason in (
+                        RefundReason.AMOUNT_MISMATCH, RefundReason.CURRENCY_MISMATCH
+                    ), (notice, answer)  # fmt: skip
 
 
 def run_machine(redis_server: RedisTarget, sql_url: str, machine_settings: settings) -> None:

@@ -19,12 +19,13 @@ from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import HoldState, PaymentSettlement
 from seckill.domain.ids import OrderIds
 from seckill.domain.items import Stock
+from seckill.domain.money import Money
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.shards import home_shard
 from seckill.engine.audit import audit_item
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from tests.conftest import ManualClock, open_item, pay
+from tests.conftest import FREE, ManualClock, open_item, pay
 
 pytestmark = pytest.mark.redis_variants("redis7")
 EVERY_VARIANT = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
@@ -97,6 +98,8 @@ async def test_a_payment_after_a_cancel_is_one_refund_owed(engine: RedisEngine) 
             "quantity": "2",
             "reason": "cancelled",
             "payment_id": f"pay-{order_id}",
+            "amount": "0",
+            "currency": "USD",
         }
     ]
     hold = await engine.hold(1, order_id)
@@ -155,6 +158,8 @@ async def test_a_second_charge_for_a_paid_order_is_a_refund_owed_once(
     assert (await payments(redis, engine))["pay-B"] == {
         "order_id": str(order_id),
         "succeeded": True,
+        "amount": "0",
+        "currency": "USD",
         "outcome": "refund_required",
         "reason": "duplicate_charge",
     }
@@ -253,15 +258,25 @@ async def test_a_succeeded_notice_pays_and_its_repeat_is_a_replay(
 ) -> None:
     await engine.load_item(open_item(total=3))
     order_id = await hold_one(engine)
-    first = await engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=True)
+    first = await engine.settle_payment(
+        1, order_id, payment_id="pay-1", succeeded=True, charged=FREE, unit_price=FREE
+    )
     assert first == PaymentSettlement(Outcome.PAID)
     before = await state(redis, engine)
-    again = await engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=True)
+    again = await engine.settle_payment(
+        1, order_id, payment_id="pay-1", succeeded=True, charged=FREE, unit_price=FREE
+    )
     assert again == PaymentSettlement(Outcome.PAID, replayed=True)
     assert await state(redis, engine) == before
     assert await engine.stock(1) == Stock(3, 2, 0, 1)
     assert await payments(redis, engine) == {
-        "pay-1": {"order_id": str(order_id), "succeeded": True, "outcome": "paid"}
+        "pay-1": {
+            "order_id": str(order_id),
+            "succeeded": True,
+            "amount": "0",
+            "currency": "USD",
+            "outcome": "paid",
+        }
     }
     paid = await engine.events(1)
     assert paid[-1][1]["payment_id"] == "pay-1"  # the sale names its payment
@@ -273,36 +288,46 @@ async def test_a_failed_notice_releases_and_its_repeat_is_a_replay(
 ) -> None:
     await engine.load_item(open_item(total=3))
     order_id = await hold_one(engine)
-    first = await engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=False)
+    first = await engine.settle_payment(
+        1, order_id, payment_id="pay-1", succeeded=False, charged=FREE, unit_price=FREE
+    )
     assert first == PaymentSettlement(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
     before = await state(redis, engine)
-    again = await engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=False)
+    again = await engine.settle_payment(
+        1, order_id, payment_id="pay-1", succeeded=False, charged=FREE, unit_price=FREE
+    )
     assert again == PaymentSettlement(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED, replayed=True)
     assert await state(redis, engine) == before
     assert await engine.stock(1) == Stock(3, 3, 0, 0)
     assert (await payments(redis, engine))["pay-1"] == {
         "order_id": str(order_id),
         "succeeded": False,
+        "amount": "0",
+        "currency": "USD",
         "outcome": "released",
         "reason": "payment_failed",
     }
     await assert_audit_passes(engine)
 
 
-@pytest.mark.parametrize("change", ["order", "result"])
+@pytest.mark.parametrize("change", ["order", "result", "amount", "currency"])
 async def test_a_payment_id_reused_is_refused_and_writes_nothing(
     engine: RedisEngine, redis: Redis, change: str
 ) -> None:
     await engine.load_item(open_item(total=3))
     order_id, other = await hold_one(engine, "alice"), await hold_one(engine, "bob")
-    await engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=True)
+    await engine.settle_payment(
+        1, order_id, payment_id="pay-1", succeeded=True, charged=FREE, unit_price=FREE
+    )
     before = await state(redis, engine)
     with pytest.raises(InvalidRequest) as refused:
         await engine.settle_payment(
             1,
             other if change == "order" else order_id,
             payment_id="pay-1",
-            succeeded=change == "order",
+            succeeded=change != "result",
+            charged={"amount": Money(1, "USD"), "currency": Money(0, "EUR")}.get(change, FREE),
+            unit_price=FREE,
         )
     assert refused.value.code is ErrorCode.PAYMENT_ID_REUSED
     assert "pay-1" in refused.value.message
@@ -310,17 +335,78 @@ async def test_a_payment_id_reused_is_refused_and_writes_nothing(
     await assert_audit_passes(engine)
 
 
-async def test_an_unknown_order_is_answered_and_not_recorded(
+async def test_a_charge_for_an_unknown_order_is_one_refund_owed_of_its_sum(
     engine: RedisEngine, redis: Redis
 ) -> None:
+    """A failure for an order nobody holds changes nothing; a success is money taken for it:
+    a refund owed of the sum charged, naming no buyer, answered the same on every retry."""
     await engine.load_item(open_item(total=3))
-    unknown = await engine.settle_payment(1, 424242, payment_id="pay-1", succeeded=True)
-    assert unknown == PaymentSettlement(Outcome.UNKNOWN_ORDER)
+    failed = await engine.settle_payment(
+        1, 424242, payment_id="pay-0", succeeded=False, charged=FREE, unit_price=FREE
+    )
+    assert failed == PaymentSettlement(Outcome.UNKNOWN_ORDER)
     assert await payments(redis, engine) == {}
-    # Not recorded, so the payment id is still free for the order it really belongs to.
+    charged = Money(1250, "EUR")
+    answers = [
+        await engine.settle_payment(
+            1, 424242, payment_id="pay-1", succeeded=True, charged=charged, unit_price=FREE
+        )
+        for _ in range(3)
+    ]
+    assert [(a.outcome, a.reason, a.replayed) for a in answers] == [
+        (Outcome.REFUND_REQUIRED, RefundReason.UNKNOWN_ORDER, False),
+        (Outcome.REFUND_REQUIRED, RefundReason.UNKNOWN_ORDER, True),
+        (Outcome.REFUND_REQUIRED, RefundReason.UNKNOWN_ORDER, True),
+    ]
+    assert await refunds(engine) == [
+        {
+            "event": "refund_required", "item_id": "1", "order_id": "424242",
+            "reason": "unknown_order", "payment_id": "pay-1", "amount": "1250", "currency": "EUR",
+        }
+    ]  # fmt: skip
+    # The payment id is that charge's: it pays no other order.
     order_id = await hold_one(engine)
-    paid = await engine.settle_payment(1, order_id, payment_id="pay-1", succeeded=True)
-    assert paid == PaymentSettlement(Outcome.PAID)
+    with pytest.raises(InvalidRequest) as reused:
+        await engine.settle_payment(
+            1, order_id, payment_id="pay-1", succeeded=True, charged=charged, unit_price=FREE
+        )
+    assert reused.value.code is ErrorCode.PAYMENT_ID_REUSED
+    await assert_audit_passes(engine)
+
+
+@pytest.mark.parametrize(
+    ("charged", "reason"),
+    [
+        (Money(1999, "EUR"), RefundReason.AMOUNT_MISMATCH),  # one cent short of 2 x 10.00
+        (Money(2001, "EUR"), RefundReason.AMOUNT_MISMATCH),  # one cent over
+        (Money(2000, "USD"), RefundReason.CURRENCY_MISMATCH),  # the sum, in another currency
+    ],
+)
+async def test_a_wrong_sum_is_a_refund_owed_and_leaves_the_order_payable(
+    engine: RedisEngine, redis: Redis, charged: Money, reason: RefundReason
+) -> None:
+    """Two units at 10.00 EUR: only 20.00 EUR pays. Any other charge is owed back in full, once,
+    and the hold stays held: the right sum pays it after."""
+    price = Money(1000, "EUR")
+    await engine.load_item(open_item(total=3, limit=2))
+    order_id = await hold_one(engine, quantity=2)
+    for attempt in range(2):
+        wrong = await engine.settle_payment(
+            1, order_id, payment_id="wrong", succeeded=True, charged=charged, unit_price=price
+        )
+        assert wrong == PaymentSettlement(Outcome.REFUND_REQUIRED, reason, replayed=attempt > 0)
+    hold = await engine.hold(1, order_id)
+    assert hold is not None and hold.state is HoldState.HELD and not hold.refund_required
+    assert await engine.stock(1) == Stock(3, 1, 2, 0)
+    [refund] = await refunds(engine)
+    assert (refund["reason"], refund["amount"], refund["currency"]) == (
+        reason.value, str(charged.cents), charged.currency
+    )  # fmt: skip
+    right = await engine.settle_payment(
+        1, order_id, payment_id="right", succeeded=True, charged=price.times(2), unit_price=price
+    )
+    assert right == PaymentSettlement(Outcome.PAID)
+    assert await engine.stock(1) == Stock(3, 1, 0, 2)
     await assert_audit_passes(engine)
 
 
@@ -329,9 +415,13 @@ async def test_a_failure_then_a_success_is_a_refund_owed(engine: RedisEngine, re
     so the successful one cannot sell it any more: its money goes back."""
     await engine.load_item(open_item(total=1))
     order_id = await hold_one(engine)
-    failed = await engine.settle_payment(1, order_id, payment_id="try-2", succeeded=False)
+    failed = await engine.settle_payment(
+        1, order_id, payment_id="try-2", succeeded=False, charged=FREE, unit_price=FREE
+    )
     assert failed == PaymentSettlement(Outcome.RELEASED, ReleaseReason.PAYMENT_FAILED)
-    paid = await engine.settle_payment(1, order_id, payment_id="try-1", succeeded=True)
+    paid = await engine.settle_payment(
+        1, order_id, payment_id="try-1", succeeded=True, charged=FREE, unit_price=FREE
+    )
     assert paid == PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason.PAYMENT_FAILED)
     assert await journal(engine) == ["loaded", "reserved", "released", "refund_required"]
     hold = await engine.hold(1, order_id)
@@ -345,9 +435,11 @@ async def test_a_success_then_a_failure_stays_paid(engine: RedisEngine) -> None:
     await engine.load_item(open_item(total=1))
     order_id = await hold_one(engine)
     assert await engine.settle_payment(
-        1, order_id, payment_id="try-1", succeeded=True
+        1, order_id, payment_id="try-1", succeeded=True, charged=FREE, unit_price=FREE
     ) == PaymentSettlement(Outcome.PAID)
-    late_failure = await engine.settle_payment(1, order_id, payment_id="try-2", succeeded=False)
+    late_failure = await engine.settle_payment(
+        1, order_id, payment_id="try-2", succeeded=False, charged=FREE, unit_price=FREE
+    )
     assert late_failure == PaymentSettlement(Outcome.ALREADY_PAID)
     hold = await engine.hold(1, order_id)
     assert hold is not None and hold.state is HoldState.PAID and not hold.refund_required
@@ -364,7 +456,7 @@ async def test_a_planted_payment_on_two_orders_is_found_and_named(
     await pay(engine, 1, first, "pay-1")
     await pay(engine, 1, second, "pay-2")
     # A record edited by hand: pay-2 now says it paid the first order.
-    record = {"order_id": str(first), "succeeded": True, "outcome": "paid"}
+    record = {"order_id": str(first), "succeeded": True, "outcome": "paid"}  # no charge kept
     await redis.hset(engine.keys(1).payments, "pay-2", json.dumps(record))
     failed = {c.name: c.detail for c in await audit_item(engine, 1) if not c.ok}
     assert list(failed) == ["every charge accounted for"]
@@ -388,6 +480,8 @@ async def test_bad_notices_are_refused_before_redis(
     order_id = await hold_one(engine)
     before = await state(redis, engine)
     with pytest.raises(InvalidRequest) as refused:
-        await engine.settle_payment(1, order_id, payment_id=payment_id, succeeded=succeeded)
+        await engine.settle_payment(
+            1, order_id, payment_id=payment_id, succeeded=succeeded, charged=FREE, unit_price=FREE
+        )
     assert refused.value.code is code
     assert await state(redis, engine) == before

@@ -25,7 +25,7 @@ from seckill.engine.audit import audit_item
 from seckill.engine.engine import TRANSIT_GRACE_MS, RedisEngine
 from seckill.engine.scripts import ScriptName
 from seckill.workers.reaper import Reaper
-from tests.conftest import ManualClock, open_item, pay
+from tests.conftest import FREE, ManualClock, open_item, pay
 
 pytestmark = pytest.mark.redis_variants("redis7", "cluster")
 
@@ -190,11 +190,15 @@ async def test_orders_are_paid_cancelled_and_expired_on_their_shard(
         await engine.reserve(1, buyer=buyer, quantity=1, idempotency_key="k", order_id=order_id)
     assert [await engine.order_shard(1, order_id) for order_id in (1, 2, 3)] == [0, 1, 2]
     assert (await pay(engine, 1, 1)).outcome is Outcome.PAID
-    settled = await engine.settle_payment(1, 2, payment_id="p-1", succeeded=False)
+    settled = await engine.settle_payment(
+        1, 2, payment_id="p-1", succeeded=False, charged=FREE, unit_price=FREE
+    )
     assert settled.outcome is Outcome.RELEASED
     # The same payment id for another order, on another shard: still recognised as reused.
     with pytest.raises(InvalidRequest) as reused:
-        await engine.settle_payment(1, 3, payment_id="p-1", succeeded=True)
+        await engine.settle_payment(
+            1, 3, payment_id="p-1", succeeded=True, charged=FREE, unit_price=FREE
+        )
     assert reused.value.code is ErrorCode.PAYMENT_ID_REUSED
     clock.advance(1_000)
     assert await engine.expire_due(1, shard=2) == [3]

@@ -98,6 +98,8 @@ FIELDS = [
     "entry_id",
     "shard",
     "payment_id",  # added within version 1, at the end
+    "amount_cents",  # added within version 1 too
+    "currency",
 ]
 
 
@@ -111,7 +113,8 @@ def test_the_schema_is_versioned_and_its_fields_pinned() -> None:
     assert schema["properties"]["order_id"]["type"] == "string"  # 64-bit: a decimal string
     assert set(schema["properties"]["event"]["enum"]) == {k.value for k in ROUTING_KEYS}
     reasons = schema["properties"]["reason"]["anyOf"][0]["enum"]
-    assert set(reasons) == {r.value for r in RefundReason}  # a new reason joins the schema
+    # A new reason joins the schema (a refund for an unknown order is not an order's event).
+    assert set(reasons) == {r.value for r in RefundReason} - {RefundReason.UNKNOWN_ORDER}
     for kind in ENTRIES:
         assert list(body_of(kind)) == FIELDS
 
@@ -166,6 +169,8 @@ def test_a_reserved_event_as_a_message() -> None:
         "entry_id": f"{AT_MS}-7",
         "shard": 0,
         "payment_id": None,
+        "amount_cents": None,
+        "currency": None,
     }
 
 
@@ -231,3 +236,19 @@ def test_an_order_event_without_its_order_is_a_bad_event() -> None:
     event = StockEvent(event_id="1-0", kind=EventKind.PAID, item_id=42, at_ms=1)
     with pytest.raises(BadEvent, match="without its order"):
         order_message(event, stream=STREAM)
+
+
+def test_a_refund_for_an_unknown_order_is_not_an_order_event() -> None:
+    """It names no buyer and changes no order: it stays in the refunds owed, off the brokers."""
+    fields = {
+        "event": "refund_required", "item_id": "1", "order_id": "424242", "at_ms": "5",
+        "reason": "unknown_order", "payment_id": "pay-1", "amount": "1250", "currency": "EUR",
+    }  # fmt: skip
+    assert order_message(decode_event("5-0", fields), stream="s") is None
+    fields |= {"reason": "amount_mismatch", "buyer": "alice", "quantity": "1"}
+    message = order_message(decode_event("5-1", fields), stream="s")
+    assert message is not None
+    body = json.loads(message.body)
+    assert (body["reason"], body["amount_cents"], body["currency"]) == (
+        "amount_mismatch", 1250, "EUR"
+    )  # fmt: skip

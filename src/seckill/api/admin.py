@@ -64,7 +64,8 @@ async def create_item(
     """Put an item in the record (SQL). It goes on sale once warmed."""
     item_id = await create_item_service(
         ctx.ledger, ctx.item_cache, ctx.runtime.settings,
-        name=body.name, price_cents=body.price_cents, total=body.total,
+        name=body.name, price_cents=body.price_cents, currency=body.currency,
+        total=body.total,
         starts_at=body.starts_at, ends_at=body.ends_at,
         per_buyer_limit=body.per_buyer_limit, hold_seconds=body.hold_seconds,
         stock_shards=body.stock_shards, waiting_room=body.waiting_room,

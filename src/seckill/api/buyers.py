@@ -40,7 +40,8 @@ async def get_item(item_id: ItemId, ctx: Ctx) -> ItemOut:
 def item_out(seen: ItemOnSale) -> ItemOut:
     r = seen.record
     return ItemOut(
-        item_id=r.item_id, name=r.name, price_cents=r.price_cents, total=r.total,
+        item_id=r.item_id, name=r.name, price_cents=r.price_cents, currency=r.currency,
+        total=r.total,
         starts_at=r.starts_at, ends_at=r.ends_at, per_buyer_limit=r.per_buyer_limit,
         hold_seconds=r.hold_seconds, stock_shards=r.stock_shards, waiting_room=r.waiting_room,
         queue_admit_per_second=r.queue_admit_per_second,

@@ -53,7 +53,9 @@ class DashboardItem(BaseModel):
 
 class RefundsOwedOut(BaseModel):
     count: int
-    amount_cents: int
+    amounts: dict[str, int] = Field(
+        description="Sums owed back by currency (ISO 4217 code -> minor units)."
+    )
 
 
 class QueueOut(BaseModel):
@@ -163,7 +165,7 @@ def _out(snapshot: DashboardSnapshot) -> DashboardOut:
                 refunds_owed=None
                 if view.refunds_owed is None
                 else RefundsOwedOut(
-                    count=view.refunds_owed.count, amount_cents=view.refunds_owed.amount_cents
+                    count=view.refunds_owed.count, amounts=view.refunds_owed.amounts
                 ),
                 sinks=view.sinks,
                 queue=None

@@ -12,6 +12,7 @@ from seckill.api.context import context
 from seckill.api.errors import documented
 from seckill.api.schemas import PaymentNoticeIn, PaymentOut
 from seckill.bootstrap.services import Context
+from seckill.domain.money import Money
 from seckill.security.signatures import SIGNATURE_HEADER, verify_signature
 
 router = APIRouter(prefix="/api/v1/payments", tags=["payments"])
@@ -36,10 +37,13 @@ Ctx = Annotated[Context, Depends(context)]
     },
 )
 async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
-    """A payment succeeded or failed. A payment id names one payment of the item: it is applied
-    once, to one order. Success moves the hold to paid; failure releases it. A success that pays
-    nothing (the hold already released: stock never comes back; or the order already paid by
-    another payment) is a refund owed for this payment: ``refund_required``, with the reason.
+    """A payment succeeded or failed. A payment id names one payment of the item: one charge
+    (``amount`` in ``currency``), applied once, to one order. A success of the order's sum
+    (price_cents x quantity, in the item's currency) moves the hold to paid; failure releases
+    it. A success that pays nothing is a refund owed of the sum charged: ``refund_required``,
+    with the reason (another sum or currency: the order is left as it was; the hold already
+    released: stock never comes back; the order already paid by another payment; no such order
+    under the item). A failure for an unknown order is 404.
 
     Answered only once the database holds what the answer says (the provider acts on it and
     never sends it again); until then 503 ``not_durable``, and the retry gets the same answer."""
@@ -57,6 +61,7 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
         int(notice.order_id),
         payment_id=notice.payment_id,
         succeeded=notice.status == "succeeded",
+        charged=Money(notice.amount, notice.currency),
     )
     return PaymentOut.model_validate(
         {
@@ -64,7 +69,7 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
             "item_id": notice.item_id,
             "order_id": notice.order_id,
             "outcome": settlement.outcome.value,
-            "order_status": view.status,
+            "order_status": view.status if view else None,
             "refund_required": settlement.refund_owed,
             "refund_reason": settlement.reason if settlement.refund_owed else None,
             "replayed": settlement.replayed,

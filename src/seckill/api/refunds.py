@@ -76,7 +76,8 @@ def refund_out(refund: RefundRecord) -> RefundOut:
             "item_id": refund.item_id, "payment_id": refund.payment_id,
             "order_id": str(refund.order_id), "buyer": refund.buyer,
             "quantity": refund.quantity, "amount_cents": refund.amount_cents,
-            "reason": refund.reason, "state": refund.state, "owed_at": refund.owed_at,
+            "currency": refund.currency, "reason": refund.reason, "state": refund.state,
+            "owed_at": refund.owed_at,
             "refunded_at": refund.refunded_at,
         }
     )  # fmt: skip

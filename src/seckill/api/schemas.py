@@ -22,12 +22,14 @@ from pydantic import (
 )
 
 from seckill.domain.events import RefundReason
-from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_QUEUE_OPEN_SECONDS, Stock
+from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_PRICE, MAX_QUEUE_OPEN_SECONDS, Stock
 from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.money import RefundState
 from seckill.domain.orders import OrderStatus
 from seckill.domain.rules import (
     CONTROL_CHARACTERS,
+    CURRENCY_PATTERN,
+    MAX_AMOUNT,
     MAX_ID,
     MAX_QUANTITY,
     MAX_STOCK_SHARDS,
@@ -45,6 +47,14 @@ RefundReasonLiteral = Literal[
     RefundReason.EXPIRED,
     RefundReason.PAYMENT_FAILED,
     RefundReason.DUPLICATE_CHARGE,
+    RefundReason.AMOUNT_MISMATCH,
+    RefundReason.CURRENCY_MISMATCH,
+    RefundReason.UNKNOWN_ORDER,
+]
+Currency = Annotated[
+    str,
+    StringConstraints(pattern=CURRENCY_PATTERN),
+    Field(description="An ISO 4217 code: three capital letters (EUR, USD, JPY)."),
 ]
 
 
@@ -89,7 +99,12 @@ class _In(BaseModel):
 
 class NewItemIn(_In):
     name: PlainText = Field(min_length=1, max_length=200)
-    price_cents: StrictInt = Field(ge=0, le=10**15)
+    price_cents: StrictInt = Field(
+        ge=0, le=MAX_PRICE, description="The price of one unit, in minor units of its currency."
+    )
+    currency: Currency | None = Field(
+        None, description="The price's currency (default: the server's SECKILL_CURRENCY)."
+    )
     total: StrictInt = Field(ge=0, le=10**12)
     starts_at: DateTimeText
     ends_at: DateTimeText
@@ -127,6 +142,7 @@ class ItemOut(BaseModel):
     item_id: int
     name: str
     price_cents: int
+    currency: str
     total: int
     starts_at: datetime
     ends_at: datetime
@@ -246,6 +262,14 @@ class PaymentNoticeIn(_In):
     )
     order_id: OrderId
     status: Literal["succeeded", "failed"]
+    amount: StrictInt = Field(
+        ge=0,
+        le=MAX_AMOUNT,
+        description="What the provider charged (or tried to), in minor units of `currency`. "
+        "A success pays the order only if it is the order's sum (price_cents x quantity) in "
+        "the item's currency.",
+    )
+    currency: Currency
 
 
 class PaymentOut(BaseModel):
@@ -253,13 +277,18 @@ class PaymentOut(BaseModel):
     item_id: int
     order_id: OrderId
     outcome: Literal["paid", "already_paid", "refund_required", "released", "already_released"]
-    order_status: OrderStatusLiteral
+    order_status: OrderStatusLiteral | None = Field(
+        description="The order's status now; null for an order this server does not know."
+    )
     refund_required: bool = Field(
-        description="This payment paid nothing: a refund is owed for it (see refund_reason)."
+        description="This payment paid nothing: a refund of the sum charged is owed for it "
+        "(see refund_reason)."
     )
     refund_reason: RefundReasonLiteral | None = Field(
         description="Why a refund is owed: the order was released first (cancelled, expired, "
-        "payment_failed), or another payment had paid it (duplicate_charge). null otherwise."
+        "payment_failed), another payment had paid it (duplicate_charge), the charge was not "
+        "the order's sum (amount_mismatch, currency_mismatch: the order is left as it was), or "
+        "no order of that id is known under the item (unknown_order). null otherwise."
     )
     replayed: bool
 
@@ -267,10 +296,11 @@ class PaymentOut(BaseModel):
 class RefundOut(BaseModel):
     item_id: int
     payment_id: str
-    order_id: OrderId
-    buyer: str
-    quantity: int
-    amount_cents: int
+    order_id: OrderId = Field(description="As the payment notice named it.")
+    buyer: str | None = Field(description="null for an order nobody knows (unknown_order).")
+    quantity: int | None = Field(description="null for an order nobody knows (unknown_order).")
+    amount_cents: int = Field(description="The sum charged, to give back, in minor units.")
+    currency: str
     reason: RefundReasonLiteral
     state: Literal[RefundState.OWED, RefundState.REFUNDED]
     owed_at: datetime

@@ -115,7 +115,9 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
             **pools,
         )
         stack.push_async_callback(bounded.dispose)
-        await prepare_schema(database, embedded=settings.database_url_is_default)
+        await prepare_schema(
+            database, embedded=settings.database_url_is_default, currency=settings.currency
+        )
         engine = RedisEngine(
             redis,
             scripts=scripts,
@@ -137,13 +139,13 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
         )
 
 
-async def prepare_schema(database: AsyncEngine, *, embedded: bool) -> None:
+async def prepare_schema(database: AsyncEngine, *, embedded: bool, currency: str) -> None:
     """The embedded SQLite file upgraded: it is ours to keep current. Any other database is the
     operator's (``seckill db upgrade``, once per release): one that answers with no schema or an
     older one stops the process with ``ConfigurationError``, before it writes what that schema
     cannot take."""
     if embedded:
-        await upgrade(database)
+        await upgrade(database, currency=currency)
         return
     try:
         async with asyncio.timeout(SCHEMA_CHECK_S):

@@ -115,7 +115,7 @@ def db_upgrade() -> None:
     async def main() -> None:
         database = open_database(settings.effective_database_url, tls=tls)
         try:
-            await upgrade(database)
+            await upgrade(database, currency=settings.currency)
         finally:
             await database.dispose()
 
@@ -138,7 +138,12 @@ def _when(text: str, option: str) -> datetime:
 @item_commands.command("create")
 def item_create(
     name: str = typer.Option(..., help="What buyers see."),
-    price_cents: int = typer.Option(..., min=0, help="Price of one unit, in cents."),
+    price_cents: int = typer.Option(
+        ..., min=0, help="Price of one unit, in minor units (cents) of its currency."
+    ),
+    currency: str | None = typer.Option(
+        None, help=f"ISO 4217 code of the price ({setting_default('currency')})."
+    ),
     total: int = typer.Option(..., min=0, help="Units on sale."),
     starts_at: str = typer.Option("", help="Sale start, ISO 8601 with zone (default: now)."),
     ends_at: str = typer.Option("", help="Sale end, ISO 8601 with zone (default: start + 1 h)."),
@@ -188,6 +193,7 @@ def item_create(
             total=total, starts_at=start, ends_at=end, per_buyer_limit=limit,
             hold_seconds=hold_seconds, stock_shards=stock_shards, waiting_room=waiting_room,
             queue_admit_per_second=queue_admit_per_second, queue_open_seconds=queue_open_seconds,
+            currency=currency,
         )
     )  # fmt: skip
     console.print(f"created item {item_id}")
@@ -456,5 +462,5 @@ def refunds_mark(
     console.print(
         f"payment {payment_id} of item {item_id}: refunded at "
         f"{marked.refunded_at.isoformat(timespec='seconds')} "
-        f"({marked.amount_cents / 100:.2f} to {marked.buyer}, order {marked.order_id})"
+        f"({marked.charged} to {marked.buyer or 'the payer'}, order {marked.order_id})"
     )

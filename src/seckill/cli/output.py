@@ -164,8 +164,8 @@ def print_refunds(console: Console, refunds: Sequence[RefundRecord]) -> None:
     for r in refunds:
         refunded = r.refunded_at.isoformat(timespec="seconds") if r.refunded_at else ""
         table.add_row(
-            str(r.item_id), r.payment_id, str(r.order_id), r.buyer,
-            f"{r.amount_cents / 100:.2f}", r.reason, r.owed_at.isoformat(timespec="seconds"),
+            str(r.item_id), r.payment_id, str(r.order_id), r.buyer or "",
+            str(r.charged), r.reason, r.owed_at.isoformat(timespec="seconds"),
             refunded,
         )  # fmt: skip
     console.print(table)
@@ -175,7 +175,8 @@ def refund_json(refund: RefundRecord) -> dict[str, object]:
     return {
         "item_id": refund.item_id, "payment_id": refund.payment_id,
         "order_id": str(refund.order_id), "buyer": refund.buyer, "quantity": refund.quantity,
-        "amount_cents": refund.amount_cents, "reason": refund.reason, "state": refund.state,
+        "amount_cents": refund.amount_cents, "currency": refund.currency,
+        "reason": refund.reason, "state": refund.state,
         "owed_at": refund.owed_at.isoformat(),
         "refunded_at": refund.refunded_at.isoformat() if refund.refunded_at else None,
     }  # fmt: skip

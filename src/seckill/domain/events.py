@@ -22,13 +22,29 @@ class ReleaseReason(StrEnum):
 
 class RefundReason(StrEnum):
     """Why a successful charge is owed back: its order was released before it (the release's
-    reason: the deadline is the contract, money never brings stock back), or another payment
-    had already paid the order (a buyer's double click on "pay" charged twice)."""
+    reason: the deadline is the contract, money never brings stock back), another payment had
+    already paid the order (a buyer's double click on "pay" charged twice), the charge was not
+    the order's sum (another amount or currency), or nobody here knows its order."""
 
     CANCELLED = "cancelled"
     EXPIRED = "expired"
     PAYMENT_FAILED = "payment_failed"
     DUPLICATE_CHARGE = "duplicate_charge"
+    AMOUNT_MISMATCH = "amount_mismatch"
+    CURRENCY_MISMATCH = "currency_mismatch"
+    UNKNOWN_ORDER = "unknown_order"
+
+
+# Refunds owed that leave their order as it is: it is paid by another payment, or this charge
+# never paid it (a wrong sum), or there is no such order.
+ORDER_KEPT = frozenset(
+    {
+        RefundReason.DUPLICATE_CHARGE,
+        RefundReason.AMOUNT_MISMATCH,
+        RefundReason.CURRENCY_MISMATCH,
+        RefundReason.UNKNOWN_ORDER,
+    }
+)
 
 
 class EventKind(StrEnum):
@@ -70,6 +86,10 @@ class StockEvent:
     # released: why; refund_required: why the charge is owed back
     reason: ReleaseReason | RefundReason | None = None
     payment_id: str | None = None  # paid, refund_required: the payment it concerns
+    # refund_required: the sum charged, in minor units of ``currency`` (None: journaled before
+    # notices carried it; the order's sum then)
+    amount_cents: int | None = None
+    currency: str | None = None
     total: int | None = None  # loaded only
     request_id: str | None = None  # reserved only: the API request that made the hold
     idempotency_key: str | None = None  # reserved only: the buyer's key for the purchase
@@ -92,7 +112,8 @@ _REQUIRED = {
     EventKind.RESERVED: (*_EVERY, "order_id", "buyer", "quantity", "deadline_ms"),
     EventKind.PAID: (*_EVERY, "order_id", "buyer", "quantity"),
     EventKind.RELEASED: (*_EVERY, "order_id", "buyer", "quantity", "reason"),
-    EventKind.REFUND_REQUIRED: (*_EVERY, "order_id", "buyer", "quantity", "reason"),
+    # A refund for an order nobody knows (unknown_order) has no buyer and no quantity.
+    EventKind.REFUND_REQUIRED: (*_EVERY, "order_id", "reason"),
     EventKind.TRANSFERRED_OUT: (*_EVERY, "transfer_id", "quantity"),
     EventKind.TRANSFERRED_IN: (*_EVERY, "transfer_id", "quantity"),
 }
@@ -135,6 +156,10 @@ def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> St
     quantity = get("quantity")
     deadline_ms = get("deadline_ms")
     total = get("total")
+    amount = get("amount")
+    known_order = why is not RefundReason.UNKNOWN_ORDER
+    if kind is EventKind.REFUND_REQUIRED and known_order and not (get("buyer") and quantity):
+        raise BadEvent(f"{kind} event without its order's buyer and quantity")
     return StockEvent(
         event_id=entry_id,
         shard=shard,
@@ -147,6 +172,8 @@ def decode_event(entry_id: str, fields: dict[str, str], *, shard: int = 0) -> St
         deadline_ms=_number(deadline_ms, "deadline_ms") if deadline_ms else None,
         reason=why,
         payment_id=get("payment_id") or None,
+        amount_cents=_number(amount, "amount") if amount else None,
+        currency=get("currency") or None,
         total=_number(total, "total") if total else None,
         request_id=get("request_id") or None,
         idempotency_key=get("key") or None,
@@ -174,6 +201,8 @@ def encode_order_event(event: StockEvent) -> dict[str, str]:
         "deadline_ms": event.deadline_ms,
         "reason": event.reason,
         "payment_id": event.payment_id,
+        "amount": event.amount_cents,
+        "currency": event.currency,
     }
     fields |= {name: str(value) for name, value in present.items() if value is not None}
     if event.kind is EventKind.RESERVED:  # reserve.lua writes both, "" for none

@@ -69,7 +69,7 @@ class SaleTerms:
     to pay. The same names are the items table's columns."""
 
     name: str
-    price_cents: int
+    price_cents: int  # of one unit, in minor units of ``currency``
     total: int
     starts_at: datetime
     ends_at: datetime
@@ -79,6 +79,7 @@ class SaleTerms:
     waiting_room: bool = False
     queue_admit_per_second: int | None = None  # None: the deployment's
     queue_open_seconds: int | None = None  # None: the deployment's
+    currency: str = rules.DEFAULT_CURRENCY  # ISO 4217; every charge for the item is in it
 
 
 SALE_TERMS = tuple(f.name for f in fields(SaleTerms))
@@ -91,8 +92,13 @@ class NewItem(SaleTerms):
     def __post_init__(self) -> None:
         if not 1 <= len(self.name) <= 200:
             raise InvalidRequest(ErrorCode.INVALID_ITEM, "name must be 1 to 200 characters")
-        if not isinstance(self.price_cents, int) or self.price_cents < 0:
-            raise InvalidRequest(ErrorCode.INVALID_ITEM, "price must be whole cents >= 0")
+        if rules.has_control_character(self.name):
+            raise InvalidRequest(ErrorCode.INVALID_ITEM, "name must hold no control character")
+        if not isinstance(self.price_cents, int) or not 0 <= self.price_cents <= MAX_PRICE:
+            raise InvalidRequest(
+                ErrorCode.INVALID_ITEM, f"price must be whole minor units from 0 to {MAX_PRICE}"
+            )
+        rules.check_currency(self.currency)
         if self.starts_at.tzinfo is None or self.ends_at.tzinfo is None:
             raise InvalidRequest(ErrorCode.INVALID_ITEM, "sale window times need a time zone")
         rules.check_sale_item(
@@ -105,6 +111,8 @@ class NewItem(SaleTerms):
         )
         _check_queue(self.queue_admit_per_second, self.queue_open_seconds)
 
+
+MAX_PRICE = 10**15  # of one unit, in minor units
 
 # The bounds of the deployment's settings (SECKILL_QUEUE_ADMIT_PER_SECOND, _OPEN_SECONDS).
 MAX_ADMIT_PER_SECOND = 1_000_000

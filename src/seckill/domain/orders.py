@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from seckill.domain.events import BadEvent, EventKind, RefundReason
+from seckill.domain.events import ORDER_KEPT, BadEvent, EventKind
 
 
 class OrderStatus(StrEnum):
@@ -66,9 +66,9 @@ RELEASED_STATUSES = frozenset({OrderStatus.RELEASED, OrderStatus.REFUND_REQUIRED
 
 
 def moves_order(kind: EventKind, reason: str | None) -> bool:
-    """Whether an order event takes part in its order's life: all do but the refund owed for a
-    duplicate charge, which leaves its (paid) order as it is."""
-    return not (kind is EventKind.REFUND_REQUIRED and reason == RefundReason.DUPLICATE_CHARGE)
+    """Whether an order event takes part in its order's life: all do but a refund owed that
+    leaves its order as it is (``ORDER_KEPT``: a duplicate charge, a wrong sum, no such order)."""
+    return not (kind is EventKind.REFUND_REQUIRED and reason in ORDER_KEPT)
 
 
 def transition(status: OrderStatus | None, kind: EventKind) -> tuple[OrderStatus, Moves] | None:

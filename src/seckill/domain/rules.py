@@ -19,6 +19,10 @@ MAX_PAYMENT_ID_LEN = 64
 MAX_QUANTITY = 1_000_000
 MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
 MAX_STOCK_SHARDS = 64
+MAX_AMOUNT = 10**15 - 1  # minor units: 15 digits, exact in a Lua number (below 2**53)
+# A currency is an ISO 4217 code: three capital letters (EUR, USD, JPY).
+CURRENCY_PATTERN = r"^[A-Z]{3}$"
+DEFAULT_CURRENCY = "USD"  # of an item created without one, unless SECKILL_CURRENCY says otherwise
 # Times and deadlines (time + hold) stay within 14 digits: cjson stores numbers with 14
 # significant digits, so a hold record's deadline is exact (until the year 4821).
 MAX_TIME_MS = 90_000_000_000_000
@@ -112,6 +116,24 @@ def check_payment_result(succeeded: Any) -> None:
     if not isinstance(succeeded, bool):
         raise InvalidRequest(
             ErrorCode.INVALID_PAYMENT_RESULT, "payment result must be succeeded or failed"
+        )
+
+
+def check_amount(amount: Any) -> None:
+    if not _whole(amount, 0, MAX_AMOUNT):
+        raise InvalidRequest(
+            ErrorCode.INVALID_AMOUNT,
+            f"amount must be an integer from 0 to {MAX_AMOUNT} (minor units of the currency)",
+        )
+
+
+_CURRENCY = re.compile(CURRENCY_PATTERN)
+
+
+def check_currency(currency: Any) -> None:
+    if not (isinstance(currency, str) and _CURRENCY.fullmatch(currency)):
+        raise InvalidRequest(
+            ErrorCode.INVALID_CURRENCY, "currency must be an ISO 4217 code: three capital letters"
         )
 
 

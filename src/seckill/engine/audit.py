@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from seckill.domain.events import RefundReason
 from seckill.domain.holds import Hold, HoldState
-from seckill.domain.money import Accounts, Charge, account
+from seckill.domain.money import Accounts, Charge, Money, account
 from seckill.domain.shards import home_shard
 from seckill.engine.engine import RedisEngine
 from seckill.engine.reads import ItemSnapshot, combined_stock
@@ -52,17 +52,24 @@ def charges(snapshots: Sequence[ItemSnapshot]) -> list[Charge]:
     is not one: that shard records the payment once it is settled)."""
     return [
         Charge(payment_id, int(record["order_id"]), record["outcome"] == "refund_required",
-               record.get("reason"))
+               record.get("reason"), recorded_charge(record))
         for snapshot in snapshots
         for payment_id, record in snapshot.payments.items()
         if record.get("succeeded") is True and "outcome" in record
     ]  # fmt: skip
 
 
+def recorded_charge(record: dict[str, object]) -> Money | None:
+    """The charge a payment record keeps (None: one given back from SQL, without it)."""
+    if "amount" not in record:
+        return None
+    return Money(int(str(record["amount"])), str(record["currency"]))
+
+
 def redis_accounts(snapshots: Sequence[ItemSnapshot]) -> Accounts:
     """An item's charges against its holds: a sale is a paid hold's own payment; a refund owed
-    fits its hold (released and marked for refund, or paid by another payment for a duplicate
-    charge)."""
+    fits its hold (released and marked for refund; paid by another payment for a duplicate
+    charge; any hold for a wrong sum; none for an unknown order)."""
     holds = {order_id: hold for s in snapshots for order_id, hold in s.holds.items()}
     found = charges(snapshots)
     paid_by = {o: h.payment_id for o, h in holds.items() if h.state is HoldState.PAID}
@@ -72,8 +79,12 @@ def redis_accounts(snapshots: Sequence[ItemSnapshot]) -> Accounts:
 
 def _fits(refund: Charge, holds: dict[int, Hold]) -> bool:
     hold = holds.get(refund.order_id)
+    if refund.reason == RefundReason.UNKNOWN_ORDER:
+        return hold is None
     if hold is None:
         return False
+    if refund.reason in (RefundReason.AMOUNT_MISMATCH, RefundReason.CURRENCY_MISMATCH):
+        return True
     if refund.reason == RefundReason.DUPLICATE_CHARGE:
         return hold.state is HoldState.PAID and hold.payment_id != refund.payment_id
     return hold.state is HoldState.RELEASED and hold.refund_required

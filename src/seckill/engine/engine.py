@@ -16,6 +16,7 @@ from seckill.domain import rules
 from seckill.domain.events import RefundReason, ReleaseReason
 from seckill.domain.holds import HoldTransition, PaymentSettlement, Reservation
 from seckill.domain.items import SaleItem
+from seckill.domain.money import Money
 from seckill.domain.outcomes import Outcome
 from seckill.domain.shards import home_shard, split_stock
 from seckill.engine.base import queue_args
@@ -258,24 +259,38 @@ class RedisEngine(EngineReads, EngineRepairs):
         )
 
     async def settle_payment(
-        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
+        self,
+        item_id: int,
+        order_id: int,
+        *,
+        payment_id: str,
+        succeeded: bool,
+        charged: Money,
+        unit_price: Money,
     ) -> PaymentSettlement:
         """Apply a payment provider's notice once per ``payment_id``, which names one payment of
-        the item (see settle_payment.lua).
+        the item: ``charged`` (what the provider took) for the order, whose sum is ``unit_price``
+        (the item's, from SQL) times its quantity (see settle_payment.lua).
 
-        Succeeded: held -> paid; a success for an order already released, or paid by another
-        payment, answers ``refund_required`` and journals a refund owed for this payment.
+        Succeeded: held -> paid when ``charged`` is the order's sum. Any other sum or currency,
+        a success for an order already released or paid by another payment, or for an order no
+        shard holds, answers ``refund_required`` and journals a refund owed of the sum charged.
         Failed: held -> released (``payment_failed``); a paid hold stays paid
-        (``already_paid``). A payment id seen before answers what it answered then
-        (``replayed``), or refuses with ``payment_id_reused`` if it now names another order or
-        result, whatever the shards. An unknown order answers ``unknown_order`` and is not
-        recorded.
+        (``already_paid``); an unknown order answers ``unknown_order`` and is not recorded. A
+        payment id seen before answers what it answered then (``replayed``), or refuses with
+        ``payment_id_reused`` if it now names another order, result or charge, whatever the
+        shards.
         """
         rules.check_item_id(item_id)
         rules.check_order_id(order_id)
         rules.check_payment_id(payment_id)
         rules.check_payment_result(succeeded)
-        notice = (order_id, payment_id, "succeeded" if succeeded else "failed")
+        rules.check_amount(charged.cents)
+        rules.check_currency(charged.currency)
+        notice = (
+            order_id, payment_id, "succeeded" if succeeded else "failed", charged.cents,
+            charged.currency,
+        )  # fmt: skip
         shard = await self.order_shard(item_id, order_id)
         if shard:  # the item's head keeps every payment id it has seen: claimed there first
             claim = await self._call(
@@ -285,17 +300,19 @@ class RedisEngine(EngineReads, EngineRepairs):
             if claim[0] == Outcome.ITEM_RECOVERING:
                 return PaymentSettlement(Outcome.ITEM_RECOVERING)
             shard = int(claim[1])
-        reply = await self._settle(item_id, shard, notice)
+        reply = await self._settle(item_id, shard, notice, unit_price)
         if reply[0] == Outcome.CLAIMED:  # the order left its shard (archived) since the claim
-            reply = await self._settle(item_id, int(reply[1]), notice)
+            reply = await self._settle(item_id, int(reply[1]), notice, unit_price)
         if reply[0] == Outcome.REPLAY:
             return _settlement(reply[1:], replayed=True)
         return _settlement(reply)
 
-    async def _settle(self, item_id: int, shard: int, notice: tuple[int, str, str]) -> Any:
+    async def _settle(
+        self, item_id: int, shard: int, notice: tuple[Any, ...], unit_price: Money
+    ) -> Any:
         return await self._call(
-            ScriptName.SETTLE_PAYMENT, item_id, *notice, self.now_arg(),
-            extra_keys=(self.keys(item_id, shard).payments,), shard=shard,
+            ScriptName.SETTLE_PAYMENT, item_id, *notice, self.now_arg(), unit_price.cents,
+            unit_price.currency, extra_keys=(self.keys(item_id, shard).payments,), shard=shard,
         )  # fmt: skip
 
     async def expire_due(self, item_id: int, *, limit: int = 500, shard: int = 0) -> list[int]:

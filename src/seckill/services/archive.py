@@ -29,6 +29,7 @@ from datetime import UTC, datetime, timedelta
 
 from seckill.domain.items import ItemRecord
 from seckill.domain.lifecycle import Hindrance, Stage, Unsettled, stage
+from seckill.domain.money import Money
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import upkeep_lock_key
 from seckill.engine.leases import Lease
@@ -290,6 +291,9 @@ def _payments(item_id: int, remains: list[ShardRemains]) -> list[PaymentRecord]:
             succeeded=bool(answer["succeeded"]),
             outcome=str(answer["outcome"]),
             reason=answer.get("reason"),
+            charged=Money(int(answer["amount"]), str(answer["currency"]))
+            if "amount" in answer
+            else None,
         )
         for part in remains
         for payment_id, answer in part.payments.items()

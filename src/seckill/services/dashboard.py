@@ -27,7 +27,7 @@ from seckill.store.database import is_transient
 from seckill.store.ledger import Ledger
 from seckill.store.payments import Owed
 
-NOTHING_OWED = Owed(0, 0)
+NOTHING_OWED = Owed(0, {})
 
 # The registry holds every item ever loaded; a page about the sale at hand shows the newest.
 MAX_ITEMS = 50

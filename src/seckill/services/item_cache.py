@@ -47,7 +47,7 @@ from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
 
-CARD_VERSION = 3  # 2: with stock_shards; 3: with the waiting room
+CARD_VERSION = 4  # 2: with stock_shards; 3: with the waiting room; 4: with the currency
 _MEMORY_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="hit")
 _MEMORY_MISS = metrics.ITEM_CACHE_LOOKUPS.labels(tier="memory", result="miss")
 _REDIS_HIT = metrics.ITEM_CACHE_LOOKUPS.labels(tier="redis", result="hit")
@@ -112,6 +112,7 @@ def encode_card(record: ItemRecord | None, *, grace_ms: int) -> str:
                 "item_id": record.item_id,
                 "name": record.name,
                 "price_cents": record.price_cents,
+                "currency": record.currency,
                 "total": record.total,
                 "starts_at": record.starts_at.isoformat(),
                 "ends_at": record.ends_at.isoformat(),
@@ -141,6 +142,7 @@ def _decode_card(raw: str, pttl: int) -> _Card | None:
             item_id=int(item["item_id"]),
             name=str(item["name"]),
             price_cents=int(item["price_cents"]),
+            currency=str(item["currency"]),
             total=int(item["total"]),
             starts_at=datetime.fromisoformat(item["starts_at"]),
             ends_at=datetime.fromisoformat(item["ends_at"]),

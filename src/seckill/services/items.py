@@ -35,11 +35,13 @@ async def create_item(
     waiting_room: bool | None = None,
     queue_admit_per_second: int | None = None,
     queue_open_seconds: int | None = None,
+    currency: str | None = None,
 ) -> int:
     """Put an item in the record (SQL) and write its card; it goes on sale once warmed.
 
-    A per-buyer limit, hold time, stock shard count or waiting room left out is the settings'
-    (SECKILL_PER_BUYER_LIMIT, SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS, SECKILL_WAITING_ROOM).
+    A per-buyer limit, hold time, stock shard count, waiting room or currency left out is the
+    settings' (SECKILL_PER_BUYER_LIMIT, SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS,
+    SECKILL_WAITING_ROOM, SECKILL_CURRENCY).
     A room's pace and opening lead left out stay unset: the deployment's at the time it sells
     (SECKILL_QUEUE_ADMIT_PER_SECOND, SECKILL_QUEUE_OPEN_SECONDS). Returns the new item's id.
     """
@@ -51,10 +53,13 @@ async def create_item(
         stock_shards = settings.stock_shards
     if waiting_room is None:
         waiting_room = settings.waiting_room
+    if currency is None:
+        currency = settings.currency
     item_id = await ledger.create_item(
         NewItem(
             name=name,
             price_cents=price_cents,
+            currency=currency,
             total=total,
             starts_at=starts_at,
             ends_at=ends_at,

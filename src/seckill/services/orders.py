@@ -22,6 +22,7 @@ from seckill.domain import rules
 from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import Hold, HoldTransition, PaymentSettlement
 from seckill.domain.ids import issued_at_ms
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
 from seckill.domain.outcomes import Outcome
 from seckill.domain.times import datetime_to_ms
@@ -156,34 +157,45 @@ class OrderBook:
         return transition, await self.buyers_order(buyer, item_id, order_id)
 
     async def settle_payment(
-        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
-    ) -> tuple[PaymentSettlement, OrderView]:
-        """Apply one provider notice (once per payment id); OrderNotFound for an order whose
-        hold the item does not hold (nothing is then recorded). An archived item's notices are
-        settled in SQL, with the same answers (a success for a released order is
-        ``refund_required``: it is never accepted as paid).
+        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool, charged: Money
+    ) -> tuple[PaymentSettlement, OrderView | None]:
+        """Apply one provider notice (once per payment id): ``charged`` is what the provider
+        took, which pays the order only if it is the order's sum (the item's price, from SQL,
+        times its quantity). A success that pays nothing is a refund owed of the sum charged,
+        for an order nobody knows too (the view is then None). OrderNotFound for a failure
+        notice of an order the item does not hold, or an item SQL does not know (nothing is
+        then recorded). An archived item's notices are settled in SQL, with the same answers.
 
         The provider acts on the answer and never sends it again, so it is given only once SQL
         holds what it says (``_landed``): Redis may lose its last writes, SQL is the record, and
         recovery gives back to Redis every payment SQL holds. NotLanded if SQL does not within
         ``landing_timeout_s``."""
+        item = await self._ledger.item(item_id)
+        if item is None:
+            raise OrderNotFound(f"no item {item_id}, so no order {order_id} of it")
         settlement: PaymentSettlement | None = await self._engine.settle_payment(
-            item_id, order_id, payment_id=payment_id, succeeded=succeeded
-        )
-        if settlement is not None and settlement.outcome is Outcome.ITEM_RECOVERING:
+            item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged,
+            unit_price=Money(item.price_cents, item.currency),
+        )  # fmt: skip
+        assert settlement is not None
+        if settlement.outcome is Outcome.ITEM_RECOVERING:
             raise ItemRecovering(f"item {item_id} is being checked against SQL")
-        if settlement is not None and settlement.outcome is Outcome.UNKNOWN_ORDER:
+        if settlement.outcome is Outcome.UNKNOWN_ORDER:
+            # Redis answers a failure for an order it does not hold, and any notice for an
+            # item it does not hold: an archived one's are SQL's to settle; any other's wait
+            # for the item to be rebuilt (Redis lost it) or put on sale.
             settlement = None
             if await self._archived(item_id):
                 settlement = await self._ledger.payments.settle_archived(
-                    item_id, order_id, payment_id=payment_id, succeeded=succeeded
+                    item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged
                 )
-        elif settlement is not None:
+            elif succeeded:
+                raise ItemRecovering(f"item {item_id} is not on sale in Redis now")
+        else:
             await self._until_landed(item_id, order_id, payment_id, settlement)
-        view = None if settlement is None else await self.find(item_id, order_id)
-        if settlement is None or view is None:
+        if settlement is None:
             raise OrderNotFound(f"no order {order_id} of item {item_id}")
-        return settlement, view
+        return settlement, await self.find(item_id, order_id)
 
     async def _until_landed(
         self, item_id: int, order_id: int, payment_id: str, settlement: PaymentSettlement

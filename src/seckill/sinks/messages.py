@@ -6,10 +6,13 @@ does not apply to the event. Within version 1 a field keeps its name, type and m
 may be added, so a consumer ignores the ones it does not know. Anything else is version 2.
 
 Only the four order events are forwarded (:data:`ROUTING_KEYS`): they are what the shop's other
-systems follow. ``loaded`` is an operator setting an item's stock, already in SQL and the admin
-API; the transfers move stock between an item's shards, bookkeeping that changes no order and
-no total. :func:`order_message` answers ``None`` for those, and the caller acknowledges them
-without publishing.
+systems follow. A refund owed for an order nobody knows (``unknown_order``: a charge the
+provider sent for an order id this deployment never issued or lost) changes no order, and has
+no buyer to name: it is in the refunds owed (SQL, the admin API), not on the brokers. ``loaded``
+is an operator setting an item's stock, already in SQL and the admin API; the transfers move
+stock between an item's shards, bookkeeping that changes no order and no total.
+:func:`order_message` answers ``None`` for those, and the caller acknowledges them without
+publishing.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ ReasonLiteral = Literal[
     RefundReason.EXPIRED,
     RefundReason.PAYMENT_FAILED,
     RefundReason.DUPLICATE_CHARGE,
+    RefundReason.AMOUNT_MISMATCH,
+    RefundReason.CURRENCY_MISMATCH,
 ]
 # Order ids are 64-bit: JSON carries them as decimal strings, which JavaScript cannot round (as
 # the HTTP API does).
@@ -80,7 +85,9 @@ class OrderEventBody(BaseModel):
     deadline_ms: int | None = Field(ge=0, description="deadline, in ms since the Unix epoch.")
     reason: ReasonLiteral | None = Field(
         description="released: why the hold was released; refund_required: why the money goes "
-        "back (the release's reason, or duplicate_charge: another payment paid the order)."
+        "back (the release's reason; duplicate_charge: another payment paid the order; "
+        "amount_mismatch, currency_mismatch: the charge was not the order's sum, and the order "
+        "is as it was)."
     )
     request_id: str | None = Field(
         description="reserved only: the HTTP request that made the hold (its X-Request-Id)."
@@ -93,6 +100,11 @@ class OrderEventBody(BaseModel):
         description="paid and refund_required only: the payment (the provider's id, unique "
         "within the item). A refund is owed once per payment_id."
     )
+    amount_cents: int | None = Field(
+        description="refund_required only: the sum charged, owed back, in minor units of "
+        "currency (null for an event journaled before charges carried their sum)."
+    )
+    currency: str | None = Field(description="refund_required only: the charge's ISO 4217 code.")
 
 
 def body_schema() -> dict[str, Any]:
@@ -123,7 +135,7 @@ def order_message(event: StockEvent, *, stream: str) -> Message | None:
     Raises :class:`BadEvent` for an order event without its order (never one decoded by
     ``decode_event``, which checks every field the kind needs)."""
     routing_key = ROUTING_KEYS.get(event.kind)
-    if routing_key is None:
+    if routing_key is None or event.reason is RefundReason.UNKNOWN_ORDER:
         return None
     if event.order_id is None or event.buyer is None or event.quantity is None:
         raise BadEvent(f"{event.kind} event {event.event_id} without its order")
@@ -144,6 +156,8 @@ def order_message(event: StockEvent, *, stream: str) -> Message | None:
         entry_id=event.event_id,
         shard=event.shard,
         payment_id=event.payment_id,
+        amount_cents=event.amount_cents,
+        currency=event.currency,
     )
     return Message(
         message_id=message_id(stream, event.event_id),

@@ -25,7 +25,15 @@ from typing import Any
 from sqlalchemy import Integer, Select, Table, bindparam, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from seckill.domain.events import TRANSFERS, AheadOfStream, BadEvent, EventKind, StockEvent
+from seckill.domain.events import (
+    TRANSFERS,
+    AheadOfStream,
+    BadEvent,
+    EventKind,
+    RefundReason,
+    StockEvent,
+)
+from seckill.domain.money import Money
 from seckill.domain.orders import RELEASED_STATUSES, Moves, OrderStatus, moves_order, transition
 from seckill.domain.times import ms_to_datetime
 from seckill.store.bulk import ORDERS, Bulk, bulk_for
@@ -165,7 +173,9 @@ def _lock_orders_statement(bulk: Bulk) -> Select[int, str, int, str, int]:
     )
 
 
-_PRICES = select(Item.id, Item.price_cents).where(Item.id.in_(bindparam("items", expanding=True)))
+_PRICES = select(Item.id, Item.price_cents, Item.currency).where(
+    Item.id.in_(bindparam("items", expanding=True))
+)
 
 
 async def journaled(engine: AsyncEngine, events: Sequence[StockEvent]) -> set[EventKey]:
@@ -198,9 +208,10 @@ async def _lock_orders(conn: AsyncConnection, bulk: Bulk, ids: set[int]) -> dict
     return {r.id: _OrderState(OrderStatus(r.status), r.quantity, r.buyer, r.item_id) for r in rows}
 
 
-async def _prices(conn: AsyncConnection, item_ids: set[int]) -> dict[int, int]:
+async def _prices(conn: AsyncConnection, item_ids: set[int]) -> dict[int, Money]:
+    """Each item's unit price."""
     rows = await conn.execute(_PRICES, {"items": sorted(item_ids)})
-    prices = {r.id: r.price_cents for r in rows}
+    prices = {r.id: Money(r.price_cents, r.currency) for r in rows}
     unknown = item_ids - prices.keys()
     if unknown:
         raise BadEvent(f"events for items SQL does not know: {sorted(unknown)}")
@@ -211,7 +222,7 @@ class _Plan:
     """What one batch writes, worked out in memory before a single statement runs."""
 
     def __init__(
-        self, orders: dict[int, _OrderState], prices: dict[int, int], *, db_time: Any
+        self, orders: dict[int, _OrderState], prices: dict[int, Money], *, db_time: Any
     ) -> None:
         self.orders = orders
         self.prices = prices
@@ -265,16 +276,22 @@ class _Plan:
         )  # fmt: skip
 
     def _owe_refund(self, event: StockEvent) -> None:
-        """The refund owed for the event's payment (the first of the batch for it counts)."""
-        assert event.order_id is not None and event.quantity is not None and event.buyer
+        """The refund owed for the event's payment, of the sum charged (the first of the batch
+        for it counts). An event journaled before notices carried their charge owes the
+        order's sum."""
+        assert event.order_id is not None
         if event.payment_id is None or event.reason is None:  # journaled before refunds were
             return
+        if event.amount_cents is not None and event.currency is not None:
+            charged = Money(event.amount_cents, event.currency)
+        else:
+            charged = self.prices[event.item_id].times(event.quantity or 0)
         self.refunds.setdefault(
             (event.item_id, event.payment_id),
             {
                 "item_id": event.item_id, "payment_id": event.payment_id,
                 "order_id": event.order_id, "buyer": event.buyer, "quantity": event.quantity,
-                "amount_cents": self.prices[event.item_id] * event.quantity,
+                "amount_cents": charged.cents, "currency": charged.currency,
                 "reason": event.reason.value, "shard": event.shard, "event_id": event.event_id,
                 "owed_at": ms_to_datetime(event.at_ms), "refunded_at": None,
             },
@@ -282,6 +299,8 @@ class _Plan:
 
     def _move_order(self, event: StockEvent) -> Moves | None:
         """Move the event's order forward; returns how each unit moves (None: it does not)."""
+        if event.reason is RefundReason.UNKNOWN_ORDER:  # its order id is the notice's, no more
+            return None
         assert event.order_id is not None and event.quantity is not None and event.buyer
         current = self.orders.get(event.order_id)
         if current is not None and (
@@ -310,7 +329,8 @@ class _Plan:
             at = self.moment(event.at_ms)
             self.orders[event.order_id] = self.born[event.order_id] = _NewOrder(
                 new_status, event.quantity, event.buyer, event.item_id,
-                price_cents=self.prices[event.item_id] * event.quantity, release_reason=reason,
+                price_cents=self.prices[event.item_id].cents * event.quantity,
+                release_reason=reason,
                 deadline_at=self.moment(event.deadline_ms) if event.deadline_ms else None,
                 request_id=event.request_id, idempotency_key=event.idempotency_key,
                 reserved_at=at,

@@ -15,6 +15,8 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from seckill.domain.rules import DEFAULT_CURRENCY
+
 
 def alembic_config() -> Config:
     config = Config()
@@ -22,12 +24,16 @@ def alembic_config() -> Config:
     return config
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
-    """Bring the schema to ``revision``; safe to run again (a no-op when current)."""
+async def upgrade(
+    engine: AsyncEngine, revision: str = "head", *, currency: str = DEFAULT_CURRENCY
+) -> None:
+    """Bring the schema to ``revision``; safe to run again (a no-op when current). ``currency``:
+    the deployment's (``SECKILL_CURRENCY``), given to the items on record before items had one."""
 
     def run(connection: Connection) -> None:
         config = alembic_config()
         config.attributes["connection"] = connection
+        config.attributes["currency"] = currency
         command.upgrade(config, revision)
 
     async with engine.begin() as connection:

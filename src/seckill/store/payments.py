@@ -17,9 +17,9 @@ from typing import Any
 from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from seckill.domain.events import EventKind, RefundReason, ReleaseReason
+from seckill.domain.events import ORDER_KEPT, EventKind, RefundReason, ReleaseReason
 from seckill.domain.holds import PaymentSettlement
-from seckill.domain.money import RefundState
+from seckill.domain.money import Money, RefundState
 from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.domain.shards import home_shard
@@ -40,10 +40,11 @@ class RefundPage:
 
 @dataclass(frozen=True, slots=True)
 class Owed:
-    """An item's refunds still owed: how many, and how much."""
+    """Refunds still owed: how many, and how much in each currency (minor units; a charge in
+    another currency than its item's is owed back in its own)."""
 
     count: int
-    amount_cents: int
+    amounts: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,23 +113,29 @@ class Payments:
         """The refunds still owed of each item (one statement; items with none are left out)."""
         async with self.engine.connect() as conn:
             rows = await conn.execute(
-                select(Refund.item_id, func.count(), func.sum(Refund.amount_cents))
+                select(Refund.item_id, Refund.currency, func.count(), func.sum(Refund.amount_cents))
                 .where(Refund.item_id.in_(item_ids), Refund.refunded_at.is_(None))
-                .group_by(Refund.item_id)
+                .group_by(Refund.item_id, Refund.currency)
             )
-            return {item_id: Owed(int(count), int(cents)) for item_id, count, cents in rows}
+            owed: dict[int, Owed] = {}
+            for item_id, currency, count, cents in rows:
+                item = owed.setdefault(item_id, Owed(0, {}))
+                owed[item_id] = Owed(item.count + int(count), item.amounts | {currency: int(cents)})
+            return owed
 
     async def owed_in_all(self) -> Owed:
         """The refunds still owed over every item, archived ones included (one statement)."""
         async with self.engine.connect() as conn:
-            count, cents = (
-                await conn.execute(
-                    select(func.count(), func.coalesce(func.sum(Refund.amount_cents), 0)).where(
-                        Refund.refunded_at.is_(None)
-                    )
-                )
-            ).one()
-            return Owed(int(count), int(cents))
+            rows = await conn.execute(
+                select(Refund.currency, func.count(), func.sum(Refund.amount_cents))
+                .where(Refund.refunded_at.is_(None))
+                .group_by(Refund.currency)
+            )
+            amounts = {currency: (int(count), int(cents)) for currency, count, cents in rows}
+            return Owed(
+                sum(count for count, _ in amounts.values()),
+                {currency: cents for currency, (_, cents) in amounts.items()},
+            )
 
     async def settled(
         self, order_ids: Collection[int], refunds: Collection[tuple[int, str]]
@@ -182,14 +189,15 @@ class Payments:
             await keep_payments(conn, item_id, payments)
 
     async def settle_archived(
-        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool
+        self, item_id: int, order_id: int, *, payment_id: str, succeeded: bool, charged: Money
     ) -> PaymentSettlement | None:
         """A payment notice for an order of an archived item, answered as settle_payment.lua
         answers one in Redis: a payment id seen before gets its first answer (or refuses with
-        ``payment_id_reused``); a success that pays nothing (the order released, or paid by
-        another payment) is a refund owed, recorded with its journal row (no stock moves: the
-        order was never sold); a paid order stays paid. None: the item has no such order
-        (nothing recorded)."""
+        ``payment_id_reused``); a success that pays nothing (not the order's sum, the order
+        released or paid by another payment, or no such order) is a refund owed of the sum
+        charged, recorded with its journal row (no stock moves: the order was never sold); a
+        paid order stays paid. None: a failure for an order the item does not have (nothing
+        recorded)."""
         async with self.engine.begin() as conn:
             await _lock_item(conn, item_id)
             seen = (
@@ -200,19 +208,29 @@ class Payments:
                 )
             ).first()
             if seen is not None:
-                return _replayed(payment_record(seen), order_id, succeeded)
+                return _replayed(payment_record(seen), order_id, succeeded, charged)
+            item = (
+                await conn.execute(
+                    select(Item.price_cents, Item.currency, Item.stock_shards).where(
+                        Item.id == item_id
+                    )
+                )
+            ).one()
             order = (
                 await conn.execute(
-                    select(Order, Item.stock_shards, Item.price_cents)
-                    .join(Item, Item.id == Order.item_id)
-                    .where(Order.id == order_id, Order.item_id == item_id)
+                    select(Order).where(Order.id == order_id, Order.item_id == item_id)
                 )
             ).first()
-            if order is None:
+            if order is None and not succeeded:
                 return None
-            settlement = _archived_answer(order, payment_id, succeeded)
+            price = Money(item.price_cents, item.currency)
+            settlement = _archived_answer(order, payment_id, succeeded, charged, price)
             if settlement.refund_owed:
-                await _owe_archived_refund(conn, order, payment_id, settlement.reason)
+                assert isinstance(settlement.reason, RefundReason)
+                shard = home_shard(order.buyer, item.stock_shards) if order is not None else 0
+                await _owe_archived_refund(
+                    conn, item_id, order_id, order, shard, payment_id, settlement.reason, charged
+                )
             reason = settlement.reason.value if settlement.reason else None
             await keep_payments(
                 conn,
@@ -221,18 +239,26 @@ class Payments:
                     PaymentRecord(
                         payment_id=payment_id, item_id=item_id, order_id=order_id,
                         succeeded=succeeded, outcome=settlement.outcome.value, reason=reason,
+                        charged=charged,
                     )
                 ],
             )  # fmt: skip
         return settlement
 
 
-def _replayed(first: PaymentRecord, order_id: int, succeeded: bool) -> PaymentSettlement:
-    if first.order_id != order_id or first.succeeded != succeeded:
+def _replayed(
+    first: PaymentRecord, order_id: int, succeeded: bool, charged: Money
+) -> PaymentSettlement:
+    if (
+        first.order_id != order_id
+        or first.succeeded != succeeded
+        or (first.charged is not None and first.charged != charged)
+    ):
+        sum_ = f" ({first.charged})" if first.charged else ""
         raise InvalidRequest(
             ErrorCode.PAYMENT_ID_REUSED,
             f"payment {first.payment_id} was settled as "
-            f"{'succeeded' if first.succeeded else 'failed'} for order {first.order_id}",
+            f"{'succeeded' if first.succeeded else 'failed'}{sum_} for order {first.order_id}",
         )
     outcome = Outcome(first.outcome)
     reasons = RefundReason if outcome is Outcome.REFUND_REQUIRED else ReleaseReason
@@ -241,21 +267,31 @@ def _replayed(first: PaymentRecord, order_id: int, succeeded: bool) -> PaymentSe
     )
 
 
-def _archived_answer(order: Any, payment_id: str, succeeded: bool) -> PaymentSettlement:
-    """What a notice does to an archived item's order (every one is paid or released)."""
+def _archived_answer(
+    order: Any, payment_id: str, succeeded: bool, charged: Money, price: Money
+) -> PaymentSettlement:
+    """What a notice does to an archived item's order (every one is paid or released; None:
+    no such order), as settle_payment.lua decides it."""
+    refund = Outcome.REFUND_REQUIRED
+    if order is None:
+        return PaymentSettlement(refund, RefundReason.UNKNOWN_ORDER)
+    if succeeded and charged.currency != price.currency:
+        return PaymentSettlement(refund, RefundReason.CURRENCY_MISMATCH)
+    if succeeded and charged != price.times(order.quantity):
+        return PaymentSettlement(refund, RefundReason.AMOUNT_MISMATCH)
     status = OrderStatus(order.status)
     if status is OrderStatus.PAID:
         if not succeeded:
             return PaymentSettlement(Outcome.ALREADY_PAID)
         if order.payment_id == payment_id:  # its own payment, its record lost: still paid
             return PaymentSettlement(Outcome.PAID)
-        return PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason.DUPLICATE_CHARGE)
+        return PaymentSettlement(refund, RefundReason.DUPLICATE_CHARGE)
     if status not in RELEASED_STATUSES:
         raise RuntimeError(f"archived item {order.item_id} has order {order.id} {status}")
     reason = ReleaseReason(order.release_reason or ReleaseReason.EXPIRED)
     if not succeeded:
         return PaymentSettlement(Outcome.ALREADY_RELEASED, reason)
-    return PaymentSettlement(Outcome.REFUND_REQUIRED, RefundReason(reason.value))
+    return PaymentSettlement(refund, RefundReason(reason.value))
 
 
 async def _lock_item(conn: AsyncConnection, item_id: int) -> None:
@@ -270,42 +306,50 @@ async def _lock_item(conn: AsyncConnection, item_id: int) -> None:
 
 
 async def _owe_archived_refund(
-    conn: AsyncConnection, order: Any, payment_id: str, reason: Any
+    conn: AsyncConnection,
+    item_id: int,
+    order_id: int,
+    order: Any,
+    shard: int,
+    payment_id: str,
+    reason: RefundReason,
+    charged: Money,
 ) -> None:
-    """A refund owed for an archived item's order, with its journal row, as a landed
-    `refund_required` event leaves them (it moves no stock). The first for a released order
-    marks it refund_required. The journal row is named as stream entries are: the time, and a
-    sequence unique within it (the item's notices are settled one at a time)."""
+    """A refund owed of the sum charged for an archived item's order (None: an order nobody
+    knows), with its journal row, as a landed `refund_required` event leaves them (it moves no
+    stock). The first for a released order marks it refund_required. The journal row is named
+    as stream entries are: the time, and a sequence unique within it (the item's notices are
+    settled one at a time)."""
     now = datetime.now(UTC)
-    shard = home_shard(order.buyer, order.stock_shards)
     prefix = f"{datetime_to_ms(now)}-"
     taken = await conn.execute(
         select(func.count())
         .select_from(StockFlow)
         .where(
-            StockFlow.item_id == order.item_id,
+            StockFlow.item_id == item_id,
             StockFlow.shard == shard,
             StockFlow.event_id.startswith(prefix),
         )
     )
     event_id = f"{prefix}{int(taken.scalar_one())}"
-    if reason is not RefundReason.DUPLICATE_CHARGE and order.status == OrderStatus.RELEASED:
+    if reason not in ORDER_KEPT and order.status == OrderStatus.RELEASED:
         await conn.execute(
             update(Order)
-            .where(Order.id == order.id, Order.status == OrderStatus.RELEASED.value)
+            .where(Order.id == order_id, Order.status == OrderStatus.RELEASED.value)
             .values(status=OrderStatus.REFUND_REQUIRED.value, updated_at=now)
         )
+    buyer, quantity = (order.buyer, order.quantity) if order is not None else (None, None)
     await conn.execute(
         insert(StockFlow).values(
-            item_id=order.item_id, shard=shard, event_id=event_id,
-            event=EventKind.REFUND_REQUIRED.value, order_id=order.id, quantity=order.quantity,
+            item_id=item_id, shard=shard, event_id=event_id,
+            event=EventKind.REFUND_REQUIRED.value, order_id=order_id, quantity=quantity,
             reason=reason.value, at=now, available_delta=0, held_delta=0, sold_delta=0,
         )
     )  # fmt: skip
     await conn.execute(
         insert(Refund).values(
-            item_id=order.item_id, payment_id=payment_id, order_id=order.id, buyer=order.buyer,
-            quantity=order.quantity, amount_cents=order.price_cents * order.quantity,
+            item_id=item_id, payment_id=payment_id, order_id=order_id, buyer=buyer,
+            quantity=quantity, amount_cents=charged.cents, currency=charged.currency,
             reason=reason.value, shard=shard, event_id=event_id, owed_at=now, refunded_at=None,
         )
     )  # fmt: skip
@@ -334,7 +378,8 @@ async def keep_payments(
         p.payment_id: {
             "payment_id": p.payment_id, "item_id": item_id, "order_id": p.order_id,
             "succeeded": p.succeeded, "outcome": p.outcome, "reason": p.reason,
-            "recorded_at": now,
+            "amount_cents": p.charged.cents if p.charged else None,
+            "currency": p.charged.currency if p.charged else None, "recorded_at": now,
         }
         for p in payments
         if p.payment_id not in known
@@ -346,7 +391,8 @@ async def keep_payments(
 def refund_record(row: Any) -> RefundRecord:
     return RefundRecord(
         id=row.id, item_id=row.item_id, payment_id=row.payment_id, order_id=row.order_id,
-        buyer=row.buyer, quantity=row.quantity, amount_cents=row.amount_cents, reason=row.reason,
+        buyer=row.buyer, quantity=row.quantity, amount_cents=row.amount_cents,
+        currency=row.currency, reason=row.reason,
         shard=row.shard, event_id=row.event_id, owed_at=row.owed_at,
         refunded_at=row.refunded_at,
     )  # fmt: skip
@@ -356,4 +402,5 @@ def payment_record(row: Any) -> PaymentRecord:
     return PaymentRecord(
         payment_id=row.payment_id, item_id=row.item_id, order_id=row.order_id,
         succeeded=row.succeeded, outcome=row.outcome, reason=row.reason,
+        charged=Money(row.amount_cents, row.currency) if row.currency else None,
     )  # fmt: skip

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from seckill.domain.events import EventKind
 from seckill.domain.items import ItemRecord, Stock
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
 from seckill.domain.shards import home_shard
 
@@ -119,6 +120,7 @@ class PaymentRecord:
     succeeded: bool
     outcome: str
     reason: str | None
+    charged: Money | None = None  # None: recorded before notices carried their charge
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,15 +131,20 @@ class RefundRecord:
     id: int
     item_id: int
     payment_id: str
-    order_id: int
-    buyer: str
-    quantity: int
-    amount_cents: int
+    order_id: int  # as the notice named it
+    buyer: str | None  # None: a refund for an order nobody knows (unknown_order)
+    quantity: int | None
+    amount_cents: int  # the sum charged
+    currency: str
     reason: str
     shard: int
     event_id: str  # the `refund_required` event it landed from
     owed_at: datetime
     refunded_at: datetime | None
+
+    @property
+    def charged(self) -> Money:
+        return Money(self.amount_cents, self.currency)
 
     @property
     def state(self) -> str:

@@ -72,7 +72,8 @@ class Item(Base):
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(200))
-    price_cents: Mapped[int] = mapped_column(BigInteger)
+    price_cents: Mapped[int] = mapped_column(BigInteger)  # of one unit, in ``currency``
+    currency: Mapped[str] = mapped_column(String(3))  # ISO 4217
     total: Mapped[int] = mapped_column(BigInteger)
     starts_at: Mapped[datetime] = mapped_column(UTCDateTime)
     ends_at: Mapped[datetime] = mapped_column(UTCDateTime)
@@ -165,7 +166,7 @@ class StockFlow(Base):
     event: Mapped[str] = mapped_column(String(16))
     order_id: Mapped[int | None] = mapped_column(BigInteger)
     quantity: Mapped[int | None] = mapped_column(Integer)
-    reason: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(32))
     transfer_id: Mapped[str | None] = mapped_column(String(64))  # transferred_out / _in only
     at: Mapped[datetime] = mapped_column(UTCDateTime)
     available_delta: Mapped[int] = mapped_column(BigInteger)
@@ -210,27 +211,32 @@ class Payment(Base):
     order_id: Mapped[int] = mapped_column(BigInteger)
     succeeded: Mapped[bool] = mapped_column(Boolean)
     outcome: Mapped[str] = mapped_column(String(32))
-    reason: Mapped[str | None] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(String(32))
+    # The charge the notice carried (None: recorded before notices carried one).
+    amount_cents: Mapped[int | None] = mapped_column(BigInteger)
+    currency: Mapped[str | None] = mapped_column(String(3))
     recorded_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
     __table_args__ = (Index(None, "order_id"), Index(None, "payment_id"))
 
 
 class Refund(Base):
-    """A refund owed: a successful charge that paid nothing (its order was released first, or
-    another payment had paid it), one per payment, landed from its `refund_required` event
-    (``shard``, ``event_id``). An operator gives the money back and marks it refunded."""
+    """A refund owed: a successful charge that paid nothing (its order was released first,
+    another payment had paid it, it was not the order's sum, or nobody knows its order), one
+    per payment, of the sum charged, landed from its `refund_required` event (``shard``,
+    ``event_id``). An operator gives the money back and marks it refunded."""
 
     __tablename__ = "refunds"
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     item_id: Mapped[int] = mapped_column(BigInteger)
     payment_id: Mapped[str] = mapped_column(String(64))
-    order_id: Mapped[int] = mapped_column(BigInteger)
-    buyer: Mapped[str] = mapped_column(String(64))
-    quantity: Mapped[int] = mapped_column(Integer)
-    amount_cents: Mapped[int] = mapped_column(BigInteger)
-    reason: Mapped[str] = mapped_column(String(16))
+    order_id: Mapped[int] = mapped_column(BigInteger)  # as the notice named it
+    buyer: Mapped[str | None] = mapped_column(String(64))  # None: an unknown order's
+    quantity: Mapped[int | None] = mapped_column(Integer)
+    amount_cents: Mapped[int] = mapped_column(BigInteger)  # the sum charged
+    currency: Mapped[str] = mapped_column(String(3))
+    reason: Mapped[str] = mapped_column(String(32))
     shard: Mapped[int] = mapped_column(Integer)
     event_id: Mapped[str] = mapped_column(String(41))
     owed_at: Mapped[datetime] = mapped_column(UTCDateTime)

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 from seckill.domain.events import BadEvent, EventKind, stream_position
 from seckill.domain.holds import Hold, HoldState
-from seckill.domain.money import Accounts, Charge, account
+from seckill.domain.money import Accounts, Charge, Money, account
 from seckill.domain.orders import TRANSITIONS, OrderStatus, moves_order, status_after
 from seckill.engine.audit import audit_snapshot, charges
 from seckill.engine.reads import ItemSnapshot
@@ -355,13 +355,19 @@ def sql_accounts(book: ItemBook) -> Accounts:
         o.order_id: o.payment_id for o in book.orders.values() if o.status is OrderStatus.PAID
     }
     refunds = {p: r.order_id for p, r in book.refunds.items()}
+    refund_sums = {p: r.charged for p, r in book.refunds.items()}
     if book.archived:
         found = [
-            Charge(p.payment_id, p.order_id, p.outcome == "refund_required", p.reason)
+            Charge(p.payment_id, p.order_id, p.outcome == "refund_required", p.reason, p.charged)
             for p in book.payments.values()
             if p.succeeded and p.outcome in ("paid", "refund_required")
         ]
-        return account(found, paid_by=paid_by, refunds=refunds)
+        item = book.item
+        price = Money(item.price_cents, item.currency) if item else None
+        order_sums = {o.order_id: price.times(o.quantity) for o in book.orders.values() if price}
+        return account(
+            found, paid_by=paid_by, refunds=refunds, order_sums=order_sums, refund_sums=refund_sums
+        )
     derived = [Charge(p, o, False) for o, p in paid_by.items() if p is not None] + [
         Charge(p, o, True) for p, o in refunds.items()
     ]
