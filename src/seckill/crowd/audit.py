@@ -9,6 +9,7 @@ own order route, and, when a database URL is given, the order rows in SQL. Each 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from collections import Counter
 from collections.abc import Iterable
@@ -18,7 +19,7 @@ from typing import Any
 from seckill.crowd.client import ApiClient
 from seckill.crowd.crowd import CrowdLog, CrowdOrder
 from seckill.crowd.plan import CrowdPlan
-from seckill.domain.money import Charge, account
+from seckill.domain.money import Charge, Money, account
 from seckill.domain.orders import RELEASED_STATUSES, OrderStatus
 from seckill.engine.audit import Check
 from seckill.store.database import open_database
@@ -205,16 +206,20 @@ def _payments_once(orders: list[CrowdOrder], end: SaleEnd) -> Check:
 
 
 def _charges_accounted(log: CrowdLog, end: SaleEnd) -> Check:
-    """Every charge the payment callback accepted is a sale (its order paid by it, in SQL; the
-    buyer's view of the order without it) or a refund owed (in the refunds list), and the
-    list owes nothing the crowd did not cause."""
+    """Every charge the provider made is a sale (its order paid by it, in SQL; the buyer's view
+    of the order without it) for the order's sum, or a refund owed (in the refunds list) of the
+    sum charged; a charge the callback never accepted is neither; and the list owes nothing the
+    crowd did not cause."""
     name = "every charge accounted for"
     if end.refunds is None:
         return Check(name, False, "the refunds route did not answer")
-    charges = [
-        Charge(c.payment_id, int(c.order_id), c.outcome == OrderStatus.REFUND_REQUIRED, c.reason)
-        for c in log.charges.values()
-    ]
+    charges, refused = [], []
+    for c in log.charges.values():
+        refund = c.outcome == OrderStatus.REFUND_REQUIRED
+        if refund or c.outcome == OrderStatus.PAID:
+            charges.append(Charge(c.payment_id, int(c.order_id), refund, c.reason, c.amount))
+        else:
+            refused.append(f"{c.payment_id}: charged {c.amount}, answered {c.outcome}")
     if end.sql is not None:
         paid_by = {
             o.order_id: o.payment_id
@@ -229,8 +234,28 @@ def _charges_accounted(log: CrowdLog, end: SaleEnd) -> Check:
             if view is not None and view["status"] == OrderStatus.PAID
         }
     refunds = {r["payment_id"]: int(r["order_id"]) for r in end.refunds}
-    accounts = account(charges, paid_by=paid_by, refunds=refunds)
-    return Check(name, accounts.balanced, accounts.summary())
+    accounts = account(
+        charges, paid_by=paid_by, refunds=refunds,
+        order_sums={int(o.order_id): o.cost for o in log.orders.values()},
+        refund_sums={r["payment_id"]: Money(r["amount_cents"], r["currency"]) for r in end.refunds},
+    )  # fmt: skip
+    accounts = dataclasses.replace(accounts, unaccounted=refused + accounts.unaccounted)
+    owed = Counter(c.reason or "?" for c in charges if c.refund)
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(owed.items()))
+    sums = (
+        f"charged {_total(c for c in charges if not c.refund)} in sales, "
+        f"{_total(c for c in charges if c.refund)} owed back ({reasons or 'nothing'})"
+    )
+    return Check(name, accounts.balanced, f"{accounts.summary()}; {sums}")
+
+
+def _total(charges: Iterable[Charge]) -> str:
+    """The charges' sum in each currency (minor units): "900900 USD, 1200 EUR", or "0"."""
+    cents = Counter[str]()
+    for charge in charges:
+        if charge.amount is not None:
+            cents[charge.amount.currency] += charge.amount.cents
+    return ", ".join(str(Money(n, currency)) for currency, n in sorted(cents.items())) or "0"
 
 
 def _released_units(orders: list[CrowdOrder], end: SaleEnd) -> Check:

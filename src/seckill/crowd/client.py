@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from seckill.config import Settings
+from seckill.domain.money import Money
 from seckill.security.passes import PASS_HEADER
 from seckill.security.signatures import SIGNATURE_HEADER, payment_secret, sign
 from seckill.security.tickets import TICKET_HEADER
@@ -137,14 +138,18 @@ class ApiClient:
         starts_at: datetime,
         ends_at: datetime,
         price_cents: int = 9_900,
+        currency: str | None = None,
         waiting_room: bool = False,
         queue_admit_per_second: int | None = None,
     ) -> Reply:
-        """Create an item: with ``waiting_room``, its buyers queue first, let in at
-        ``queue_admit_per_second`` (None: the deployment's pace)."""
-        room: dict[str, object] = {"waiting_room": waiting_room}
+        """Create an item, priced in ``currency`` (None: the deployment's default): with
+        ``waiting_room``, its buyers queue first, let in at ``queue_admit_per_second`` (None:
+        the deployment's pace)."""
+        optional: dict[str, object] = {"waiting_room": waiting_room}
         if queue_admit_per_second is not None:
-            room["queue_admit_per_second"] = queue_admit_per_second
+            optional["queue_admit_per_second"] = queue_admit_per_second
+        if currency is not None:
+            optional["currency"] = currency
         return await self.request(
             "POST",
             "/api/v1/admin/items",
@@ -157,7 +162,7 @@ class ApiClient:
                 "ends_at": ends_at.isoformat(),
                 "per_buyer_limit": per_buyer_limit,
                 "hold_seconds": hold_seconds,
-                **room,
+                **optional,
             },
         )
 
@@ -233,13 +238,16 @@ class ApiClient:
     # The payment provider's side.
 
     async def notify_payment(
-        self, item_id: int, order_id: str, *, payment_id: str, succeeded: bool
+        self, item_id: int, order_id: str, *, payment_id: str, succeeded: bool, amount: Money
     ) -> Reply:
+        """A signed notice that the provider charged ``amount`` for the order (or failed to)."""
         notice = {
             "payment_id": payment_id,
             "item_id": item_id,
             "order_id": order_id,
             "status": "succeeded" if succeeded else "failed",
+            "amount": amount.cents,
+            "currency": amount.currency,
         }
         raw = json.dumps(notice).encode()
         signature = sign(self.credentials.payment_secret, raw, timestamp=int(time.time()))

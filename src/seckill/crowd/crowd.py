@@ -4,7 +4,9 @@ A buyer asks for a purchase ticket, buys with an idempotency key (some send it t
 double click does), and then pays, has the payment fail, cancels, or lets the hold run out
 (``plan.Fate``). Some who pay are charged twice by their provider: the second charge must be
 owed back. A request that gets no answer is sent again with the same key or payment id,
-as a careful client does; those are safe to repeat. Once the first crowd's holds have run out,
+as a careful client does; those are safe to repeat. Once per sale (``plan.stray_charges``) the
+provider also charges one order a cent short before its right payment, and charges for an order
+never issued: both must be refunds owed. Once the first crowd's holds have run out,
 a late crowd buys (and pays for) the units that came back. Through a waiting room
 (``seckill.crowd.waiting``) each buyer queues first and buys the same way once let in.
 """
@@ -22,10 +24,15 @@ from typing import Any
 
 from seckill.crowd.client import TRANSPORT_ERROR, ApiClient, Reply
 from seckill.crowd.plan import CrowdPlan, Fate
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
 
 RESERVED = "reserved"
+_ACCEPTED = frozenset({OrderStatus.PAID, OrderStatus.REFUND_REQUIRED})  # a charge's answers
 _ATTEMPTS = 3  # sends of one idempotent request that got no answer
+# An order id no deployment issues: ids count milliseconds from ``domain.ids.EPOCH_MS``, and
+# this one is of its very first (2024-01-01), before any deployment's first order.
+NEVER_ISSUED = "1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +47,13 @@ class BuyerSpec:
 
 @dataclass(frozen=True, slots=True)
 class CrowdCharge:
-    """A successful charge the payment callback accepted (its first answer): a sale, or a
-    refund owed."""
+    """A successful charge the provider made, and the callback's first answer to its notice:
+    a sale or a refund owed; anything else (a refusal, no answer) leaves it unaccounted."""
 
     order_id: str
     payment_id: str
-    outcome: str  # paid, refund_required
+    amount: Money  # the sum charged
+    outcome: str  # paid, refund_required; else the refusal
     reason: str | None  # a refund's
 
 
@@ -57,6 +65,7 @@ class CrowdOrder:
     buyer: str
     key: str
     quantity: int
+    cost: Money  # the item's price times the quantity: the sum that pays it
     fate: Fate
     wave: int
     status: str = OrderStatus.HELD
@@ -106,7 +115,7 @@ class CrowdLog:
     orders: dict[str, CrowdOrder] = field(default_factory=dict)
     replays: int = 0
     replays_differing: list[str] = field(default_factory=list)
-    charges: dict[str, CrowdCharge] = field(default_factory=dict)  # by payment id
+    charges: dict[str, CrowdCharge] = field(default_factory=dict)  # successes, by payment id
     stock: list[StockPoint] = field(default_factory=list)
     phase: str = "starting"
     crowd_s: float = 0.0  # wall time spent in the waves
@@ -129,12 +138,16 @@ class CrowdLog:
 
 
 class Crowd:
-    def __init__(self, client: ApiClient, item_id: int, plan: CrowdPlan, log: CrowdLog) -> None:
+    def __init__(
+        self, client: ApiClient, item_id: int, plan: CrowdPlan, log: CrowdLog, *, price: Money
+    ) -> None:
         self.client = client
         self.item_id = item_id
         self.plan = plan
         self.log = log
+        self.price = price  # the item's, as its creation answered
         self.rng = random.Random(plan.seed)
+        self.strays_due = plan.stray_charges
 
     def first_wave(self) -> Iterator[BuyerSpec]:
         for n in range(self.plan.buyers):
@@ -209,6 +222,7 @@ class Crowd:
             buyer=spec.name,
             key=key,
             quantity=spec.quantity,
+            cost=self.price.times(spec.quantity),
             fate=spec.fate,
             wave=spec.wave,
         )
@@ -219,21 +233,45 @@ class Crowd:
 
     async def _charge_again(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
         """The provider charged the buyer a second time: its notice must be a refund owed."""
-        client, item, oid = self.client, self.item_id, order.order_id
+        for _ in range(1 + repeat_notice):
+            await self.charge("charge again", order.order_id, f"again-{order.order_id}", order.cost)
+
+    async def _stray_charges(self, order: CrowdOrder) -> None:
+        """A charge a cent short of the held ``order``'s sum (a cent over a free one), and a
+        charge for an order never issued: each must be a refund owed of the sum charged, the
+        order still held (the learned status says so; its right payment follows)."""
+        cents = order.cost.cents - 1 if order.cost.cents else 1
+        short = await self.charge(
+            "charge wrong sum", order.order_id, f"short-{order.order_id}",
+            Money(cents, order.cost.currency),
+        )  # fmt: skip
+        self._learn(order, short, status="order_status", reason=None)
+        await self.charge("charge unknown order", NEVER_ISSUED, f"stray-{self.item_id}", self.price)
+
+    async def charge(self, action: str, order_id: str, payment_id: str, amount: Money) -> Reply:
+        """A success notice for a charge of ``amount``; its first answer is kept (a sale, a
+        refund owed, or what left the charge unaccounted)."""
+        client, item = self.client, self.item_id
 
         async def notify() -> Reply:
-            return await client.notify_payment(item, oid, payment_id=f"again-{oid}", succeeded=True)
-
-        for _ in range(1 + repeat_notice):
-            self._charged(order, f"again-{oid}", await self.send("charge again", notify))
-
-    def _charged(self, order: CrowdOrder, payment_id: str, answer: Reply) -> None:
-        """Keep a success notice's first accepted answer: a sale or a refund owed."""
-        if answer.status == 200 and payment_id not in self.log.charges:
-            body = answer.body
-            self.log.charges[payment_id] = CrowdCharge(
-                order.order_id, payment_id, str(body["outcome"]), body.get("refund_reason")
+            return await client.notify_payment(
+                item, order_id, payment_id=payment_id, succeeded=True, amount=amount
             )
+
+        answer = await self.send(action, notify)
+        self._charged(order_id, payment_id, amount, answer)
+        return answer
+
+    def _charged(self, order_id: str, payment_id: str, amount: Money, answer: Reply) -> None:
+        """Keep a charge's first accepted answer (200: a sale or a refund owed), or else what it
+        was told, until a retry is accepted."""
+        kept = self.log.charges.get(payment_id)
+        if kept is None or kept.outcome not in _ACCEPTED:
+            said = answer.body.get("outcome") if answer.status == 200 else None
+            self.log.charges[payment_id] = CrowdCharge(
+                order_id, payment_id, amount, str(said or answer.outcome),
+                answer.body.get("refund_reason"),
+            )  # fmt: skip
 
     async def _settle(self, order: CrowdOrder, *, repeat_notice: bool) -> None:
         client, item, oid = self.client, self.item_id, order.order_id
@@ -245,22 +283,28 @@ class Crowd:
             self._learn(order, answer, status="status", reason=answer.body.get("release_reason"))
             return
         succeeded = order.fate is Fate.PAY
+        if succeeded and self.strays_due:
+            self.strays_due = False  # before the await: the first payer of the sale only
+            await self._stray_charges(order)
         action = "pay" if succeeded else "fail"
+        payment_id = f"{action}-{oid}"
 
-        async def notify() -> Reply:
+        async def fail() -> Reply:
             return await client.notify_payment(
-                item, oid, payment_id=f"{action}-{oid}", succeeded=succeeded
+                item, oid, payment_id=payment_id, succeeded=False, amount=order.cost
             )
 
-        answers = [await self.send(action, notify)]
-        if repeat_notice:  # providers repeat notices: the same one again has no new effect
-            answers.append(await self.send(action, notify))
+        # Providers repeat notices: the same one again has no new effect.
+        answers = []
+        for _ in range(1 + repeat_notice):
+            if succeeded:
+                answers.append(await self.charge(action, oid, payment_id, order.cost))
+            else:
+                answers.append(await self.send(action, fail))
         for answer in answers:
             # A failure that released the hold says why; one that found it released does not.
             reason = "payment_failed" if answer.body.get("outcome") == "released" else None
             self._learn(order, answer, status="order_status", reason=reason)
-            if succeeded:
-                self._charged(order, f"{action}-{oid}", answer)
 
     @staticmethod
     def _learn(order: CrowdOrder, answer: Reply, *, status: str, reason: str | None) -> None:

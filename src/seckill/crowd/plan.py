@@ -32,6 +32,10 @@ class CrowdPlan:
     # Of the buyers who pay, the share charged twice (a double click on "pay"): the second
     # charge must come back as a refund owed, never as a second sale.
     double_charge: float = 0.1
+    # Once per sale, the provider also charges one held order a cent short (before its right
+    # payment) and charges for an order never issued: each must come back as a refund owed of
+    # the sum charged, the short-charged order still payable.
+    stray_charges: bool = True
     seed: int = 7
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from seckill.crowd.queue_audit import (
 from seckill.crowd.result import CrowdResult
 from seckill.crowd.summary import summarize
 from seckill.crowd.waiting import QueueCrowd
+from seckill.domain.money import Money
 from seckill.engine.audit import Check
 
 SETTLE_MARGIN_S = 60.0  # beyond the hold time, for the reaper and the persister to catch up
@@ -48,6 +49,7 @@ class Sale:
     kind: str
     plan: CrowdPlan
     item_id: int
+    price: Money  # the item's, as its creation answered
     log: CrowdLog
     started_at: datetime
     sale_starts_at: datetime
@@ -142,10 +144,11 @@ async def open_sale(
         "create the item",
     )
     item_id = int(created.body["item_id"])
+    price = Money(int(created.body["price_cents"]), str(created.body["currency"]))
     _expect(await client.warm(item_id), 200, f"warm item {item_id}")
     return Sale(
-        kind=kind, plan=plan, item_id=item_id, log=CrowdLog(), started_at=started_at,
-        sale_starts_at=starts_at, queue=queue,
+        kind=kind, plan=plan, item_id=item_id, price=price, log=CrowdLog(),
+        started_at=started_at, sale_starts_at=starts_at, queue=queue,
     )  # fmt: skip
 
 
@@ -162,7 +165,7 @@ async def run_sale(client: ApiClient, sale: Sale) -> None:
     the sale has settled: no holds left, every event landed in SQL. A wait that times out is
     a failed check, not an exception: the audit still runs."""
     plan, log = sale.plan, sale.log
-    crowd = Crowd(client, sale.item_id, plan, log)
+    crowd = Crowd(client, sale.item_id, plan, log, price=sale.price)
     watch = StockWatch(client, sale.item_id, log, every_s=LOOK_EVERY_S)
     sale.watch = watch
     patience = plan.hold_seconds + SETTLE_MARGIN_S
