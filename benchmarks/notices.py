@@ -5,11 +5,11 @@
 A private redis-server, ``seckill api`` and ``seckill worker persister`` as processes of their
 own (each one's CPU is its own), on a SQLite file of its own or ``--database-url``. Twice
 ``--orders`` buyers reserve a unit each and the backlog lands; then, at ``--rate`` a second,
-the provider's success notices for half of them (each answered once SQL holds the payment),
-then the buyers' cancels of the other half: a cancel is the shape a notice had before (one
-script, one read of the hold, no wait for SQL), so the two phases, in one run, show what the
-wait costs. Printed per phase: latency p50/p99/max, the API's and the persister's CPU per
-request; the last line one JSON object.
+the provider's success notices (each of its order's sum) for half of them, each answered once
+SQL holds the payment, then the buyers' cancels of the other half: a cancel is the shape a
+notice had before (one script, one read of the hold, no wait for SQL), so the two phases, in
+one run, show what the wait costs. Printed per phase: latency p50/p99/max, the API's and the
+persister's CPU per request; the last line one JSON object.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ from benchmarks.harness import (
     upgrade_database,
 )
 from seckill.crowd.client import ApiClient, Reply
+from seckill.domain.money import Money
 from seckill.redis_server import RedisServer
 
 CONCURRENCY = 64
@@ -80,6 +81,8 @@ async def sale(url: str, args: argparse.Namespace, pids: dict[str, int | None]) 
     who = credentials()
     async with api(url, who, CONCURRENCY) as client:
         item_id = await create_item(client, total=2 * args.orders)
+        card = (await client.request("GET", f"/api/v1/items/{item_id}")).body
+        price = Money(int(card["price_cents"]), str(card["currency"]))  # each order's: one unit
         buyers = make_crowd(who, "n", 2 * args.orders)
         await fetch_tickets(client, item_id, buyers, CONCURRENCY)
         orders: list[tuple[str, str]] = []
@@ -94,7 +97,7 @@ async def sale(url: str, args: argparse.Namespace, pids: dict[str, int | None]) 
 
         def notice(order_id: str) -> Callable[[], Awaitable[Reply]]:
             return lambda: client.notify_payment(
-                item_id, order_id, payment_id=f"pay-{order_id}", succeeded=True
+                item_id, order_id, payment_id=f"pay-{order_id}", succeeded=True, amount=price
             )
 
         def cancel(c: ApiClient, buyer: str, order_id: str) -> Callable[[], Awaitable[Reply]]:

@@ -23,7 +23,8 @@ started again, as systemd or a pod's restart policy would, and counted (``exited
 Then the faults stop, buyers go on until the stock is gone, and the verdicts: no oversell, no
 buyer above the limit, no undersell, every 202 landed once (or lost with writes Redis lost
 before they landed, at a rewind or a failover, counted: the one loss ``fast`` allows), every
-`paid` answer still paid (no exception: a notice is answered once SQL has it), every event
+`paid` answer still paid (no exception: a notice is answered once SQL has it), every charge
+a sale of its order's sum or a refund owed of the sum charged, every event
 delivered to the broker once after dedup and none that SQL's journal lacks, Redis == SQL, the
 audit passes, every request answered within a minute of retries, no server error (a 5xx other
 than 503). Exit code 0 when every verdict passes; on a failure the processes' logs are kept.
@@ -70,6 +71,7 @@ from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
 from seckill.domain.events import stream_position
+from seckill.domain.money import Charge, Money, account
 from seckill.domain.orders import OrderStatus
 from seckill.engine.group_reader import registered_groups
 from seckill.engine.keys import DEFAULT_PREFIX, item_keys
@@ -80,7 +82,7 @@ from seckill.services.reconcile.records import audit_records
 from seckill.sinks.base import bridge_group
 from seckill.sinks.messages import message_id
 from seckill.sinks.nats import DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
-from seckill.store.tables import Order, StockFlow
+from seckill.store.tables import Order, Refund, StockFlow
 
 POSTGRES_URL = os.environ.get(
     "SECKILL_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -93,6 +95,8 @@ NODE_TIMEOUT_MS = 1_500  # a master unreachable this long is replaced by its rep
 AOF_NAMES = ("appendonlydir", "appendonly.aof")  # Redis 7's directory of files; 6.2's one file
 REWIND_S = 3.0  # how far back the rewound master goes (its AOF copy's age)
 LOSS_WINDOW_S = REWIND_S + 1.5  # a 202 answered this long before a loss may be lost with it
+# A unit's price, in a currency other than the default: every notice must name it.
+PRICE = Money(100, "EUR")
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +318,7 @@ class Record:
     unavailable: list[tuple[float, str]] = field(default_factory=list)  # every 503 and no answer
     unanswered: list[str] = field(default_factory=list)
     server_errors: list[str] = field(default_factory=list)  # answers 5xx other than 503
+    charges: dict[str, Charge] = field(default_factory=dict)  # answered 200, by payment id
     buyers: int = 0
     second_tries: int = 0
 
@@ -379,12 +384,18 @@ class Buyers:
             await self.send("second buy", buy(f"{name}-2"))
         fate = 0.0 if self.paying_only else self.rng.random()
         if fate < 0.6:
+            payment_id = f"pay-{sold.order_id}"
             paid = await self.send(
                 "pay",
                 lambda c: c.notify_payment(
-                    item, sold.order_id, payment_id=f"pay-{sold.order_id}", succeeded=True
+                    item, sold.order_id, payment_id=payment_id, succeeded=True, amount=PRICE
                 ),
             )
+            if paid.status == 200:
+                refund = paid.body["outcome"] == OrderStatus.REFUND_REQUIRED
+                record.charges[payment_id] = Charge(
+                    payment_id, int(sold.order_id), refund, paid.body.get("refund_reason"), PRICE
+                )
             if paid.status == 200 and paid.body.get("order_status") == OrderStatus.PAID:
                 sold.paid_at = record.now()
         elif fate < 0.7:
@@ -694,8 +705,12 @@ async def verdicts(
         stock = await engine.stock(item_id)
         async with ledger.engine.connect() as conn:
             rows = (await conn.execute(
-                select(Order.id, Order.buyer, Order.quantity, Order.status)
+                select(Order.id, Order.buyer, Order.quantity, Order.status, Order.payment_id)
                 .where(Order.item_id == item_id)
+            )).all()  # fmt: skip
+            refunds = (await conn.execute(
+                select(Refund.payment_id, Refund.order_id, Refund.amount_cents, Refund.currency)
+                .where(Refund.item_id == item_id)
             )).all()  # fmt: skip
             journal = (await conn.execute(
                 select(StockFlow.order_id, StockFlow.event, StockFlow.shard, StockFlow.event_id)
@@ -732,6 +747,13 @@ async def verdicts(
     shown_missing = sorted(missing, key=lambda event: entry_at[event])[:3]
     twice = [f"{kind} of {order}" for (order, kind), n in got.items() if n > 1]
     failed_checks = [f"{c.name}: {c.detail}" for c in checks if not c.ok]
+    accounts = account(
+        record.charges.values(),
+        paid_by={int(r.id): r.payment_id for r in rows if r.status == OrderStatus.PAID},
+        refunds={r.payment_id: r.order_id for r in refunds},
+        order_sums={int(r.id): PRICE.times(r.quantity) for r in rows},
+        refund_sums={r.payment_id: Money(r.amount_cents, r.currency) for r in refunds},
+    )
     redis_side = f"Redis {stock.available}/{stock.held}/{stock.sold}" if stock else "Redis gone"
     found = [
         Verdict("no oversell", sold_units + held_units <= knobs.stock,
@@ -752,6 +774,8 @@ async def verdicts(
                 f"{len(told_paid)} answered paid; {len(unpaid)} not paid in SQL"
                 + "".join(f"; order {o} is {orders[o].status if o in orders else 'gone'}"
                           for o in unpaid[:3])),
+        Verdict("every charge accounted for", accounts.balanced,
+                f"{len(record.charges)} charges answered; {accounts.summary()}"),
         Verdict("every event delivered once after dedup",
                 not missing and not twice and not phantoms,
                 f"{len(wanted)} order events in SQL's journal; {len(delivered)} messages "
@@ -893,12 +917,12 @@ async def sale(deployment: Deployment, knobs: Knobs, rng: random.Random, console
 async def put_on_sale(
     client: ApiClient, name: str, *, stock: int, shards: int, hold_seconds: int
 ) -> int:
-    """An item on sale from now for an hour, one unit per buyer, created and warmed through the
-    admin API; its id."""
+    """An item on sale from now for an hour at ``PRICE``, one unit per buyer, created and
+    warmed through the admin API; its id."""
     now = datetime.now(UTC)
     created = await client.request(
         "POST", "/api/v1/admin/items", token=client.credentials.admin(),
-        body={"name": name, "price_cents": 100, "total": stock,
+        body={"name": name, "price_cents": PRICE.cents, "currency": PRICE.currency, "total": stock,
               "starts_at": now.isoformat(), "ends_at": (now + timedelta(hours=1)).isoformat(),
               "per_buyer_limit": 1, "hold_seconds": hold_seconds, "stock_shards": shards},
     )  # fmt: skip
