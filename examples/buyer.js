@@ -39,7 +39,10 @@ async function buy({ url, token, itemId }) {
   const item = await call("GET", `/api/v1/items/${itemId}`);
   if (!item.ok) return item.json();
   const card = await item.json();
-  console.error(`item ${itemId}: ${card.name}, ${card.available} left`);
+  // The shop charges price_cents (minor units: cents of EUR, yen of JPY) times the quantity, in
+  // the item's currency: the sum seckill's payment notice must carry.
+  const price = `${card.price_cents} ${card.currency} (minor units)`;
+  console.error(`item ${itemId}: ${card.name}, ${price} each, ${card.available} left`);
 
   const ticket = await call("POST", `/api/v1/items/${itemId}/tickets`);
   if (ticket.status !== 200) return ticket.json(); // not_started, ended, sold_out, gate_refused

@@ -28,7 +28,10 @@ def buy(http: httpx.Client, item_id: int) -> dict[str, Any]:
     item = http.get(f"/api/v1/items/{item_id}")
     item.raise_for_status()
     card = item.json()
-    print(f"item {item_id}: {card['name']}, {card['available']} left", file=sys.stderr)
+    # The shop charges price_cents (minor units: cents of EUR, yen of JPY) times the quantity,
+    # in the item's currency: the sum seckill's payment notice must carry.
+    price = f"{card['price_cents']} {card['currency']} (minor units) each"
+    print(f"item {item_id}: {card['name']}, {price}, {card['available']} left", file=sys.stderr)
 
     ticket = http.post(f"/api/v1/items/{item_id}/tickets")
     if ticket.status_code != 200:

@@ -1,7 +1,8 @@
 """The client kit against a live `seckill serve`: examples/buyer.py (httpx) and
-examples/buyer.js (Node's fetch) each buy a unit of an item and report the order held; and every
-path, method, header and status they rely on is one the served OpenAPI schema declares, so a
-client generated from it does what they do."""
+examples/buyer.js (Node's fetch) each buy a unit of an item and report the order held;
+examples/notify.py, the provider's side, pays a held order with its sum after a charge a cent
+short came back as a refund owed; and every path, method, header and status they rely on is one
+the served OpenAPI schema declares, so a client generated from it does what they do."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from tests.e2e.test_serve import call, env_for, free_port, token, wait_until_ser
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUN_TIMEOUT_S = 60
+PAYMENT_SECRET = "kit-payment-secret"
+PRICE_CENTS, CURRENCY = 2500, "EUR"
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     data_dir = tmp_path_factory.mktemp("examples")
     port = free_port()
-    env = env_for(data_dir, port)
+    env = env_for(data_dir, port) | {"SECKILL_PAYMENT_SECRET": PAYMENT_SECRET}
     base = f"http://127.0.0.1:{port}"
     log_path = data_dir / "serve.log"
     with log_path.open("w") as log:
@@ -49,7 +52,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             now = datetime.now(UTC)
             status, item = call(
                 "POST", f"{base}/api/v1/admin/items", admin,
-                {"name": "Kit lamp", "price_cents": 2500, "total": 10, "per_buyer_limit": 1,
+                {"name": "Kit lamp", "price_cents": PRICE_CENTS, "currency": CURRENCY,
+                 "total": 10, "per_buyer_limit": 1,
                  "starts_at": (now - timedelta(minutes=1)).isoformat(),
                  "ends_at": (now + timedelta(hours=1)).isoformat()},
             )  # fmt: skip
@@ -65,10 +69,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def run(command: list[str], served: Served, buyer: str) -> dict[str, Any]:
     """Run an example as a buyer (its token in SECKILL_TOKEN); the order it printed."""
     env = served.env | {"SECKILL_TOKEN": token(served.env, "--buyer", buyer)}
-    done = subprocess.run(
-        [*command, "--url", served.base, str(served.item_id)],
-        capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S,
-    )  # fmt: skip
+    return printed([*command, "--url", served.base, str(served.item_id)], env)
+
+
+def printed(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """What an example printed last (one JSON line), once it exited 0."""
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
     assert done.returncode == 0, done.stdout + done.stderr
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
@@ -91,6 +97,40 @@ def test_the_js_example_buys_and_reports_a_held_order(served: Served) -> None:
     if node is None:
         pytest.skip("node is not installed: examples/buyer.js needs Node 20 or later")
     held(run([node, str(EXAMPLES / "buyer.js")], served, "js-buyer"), served.item_id)
+
+
+def test_the_notice_example_pays_a_held_order_with_its_sum_and_no_other(served: Served) -> None:
+    order = run([sys.executable, str(EXAMPLES / "buyer.py")], served, "paying-buyer")
+    held(order, served.item_id)
+
+    def notify(payment_id: str, amount: int) -> dict[str, Any]:
+        return printed(
+            [sys.executable, str(EXAMPLES / "notify.py"), "--url", served.base,
+             str(served.item_id), order["order_id"], payment_id,
+             "--amount", str(amount), "--currency", CURRENCY],
+            served.env,
+        )  # fmt: skip
+
+    short = notify("kit-short", PRICE_CENTS - 1)
+    assert (short["outcome"], short["refund_reason"]) == ("refund_required", "amount_mismatch")
+    assert short["order_status"] == "held"  # still payable
+    paid = notify("kit-pay", PRICE_CENTS)
+    assert (paid["outcome"], paid["order_status"]) == ("paid", "paid"), paid
+    assert notify("kit-pay", PRICE_CENTS)["replayed"] is True
+
+
+def test_the_notice_example_sends_what_the_schema_requires(served: Served) -> None:
+    source = (EXAMPLES / "notify.py").read_text()
+    assert paths_in(source) == {"/api/v1/payments/callback"}
+    assert "Seckill-Signature" in source and "Retry-After" in source
+    status, schema = call("GET", f"{served.base}/openapi.json")
+    assert status == 200
+    callback = schema["paths"]["/api/v1/payments/callback"]["post"]
+    notice = callback["requestBody"]["content"]["application/json"]["schema"]
+    sent = {"payment_id", "item_id", "order_id", "status", "amount", "currency"}
+    assert set(notice["properties"]) == sent
+    assert set(notice["required"]) == sent
+    assert "Retry-After" in callback["responses"]["503"]["headers"]
 
 
 # What the examples rely on: each (method, path) with the headers it sends and the statuses it
