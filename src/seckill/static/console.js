@@ -44,7 +44,12 @@
     return iso ? new Date(iso).toLocaleString(undefined, { hour12: false }) : "-";
   }
 
-  function money(cents) { return (cents / 100).toFixed(2); }
+  // A sum in minor units of an ISO 4217 currency, in its own decimals: "19.99 EUR", "1999 JPY".
+  function money(cents, currency) {
+    var digits = new Intl.NumberFormat("en", { style: "currency", currency: currency })
+      .resolvedOptions().maximumFractionDigits;
+    return (cents / Math.pow(10, digits)).toFixed(digits) + " " + currency;
+  }
 
   function reasons(unsettled) {
     return unsettled.map(function (h) { return h.reason + ": " + h.detail; }).join("; ");
@@ -185,7 +190,7 @@
       var card = expect(answers[0], 200);
       var counters = expect(answers[1], 200);
       setText($("item-name"), card.name);
-      setText($("item-card"), money(card.price_cents) + " · limit " + card.per_buyer_limit +
+      setText($("item-card"), money(card.price_cents, card.currency) + " · limit " + card.per_buyer_limit +
         " a buyer · holds " + card.hold_seconds + " s · " + card.stock_shards + " shard(s)" +
         (card.waiting_room ? " · waiting room" : " · sells directly"));
       var link = $("wait-link");
@@ -260,8 +265,10 @@
     } else {
       cell.textContent = "refunded " + when(refund.refunded_at);
     }
-    var tr = row([element("td", refund.item_id, "num"), refund.payment_id, refund.buyer,
-                  element("td", money(refund.amount_cents), "num"), refund.reason, cell]);
+    // An unknown order's refund has no buyer: nobody here knows whose the charge was.
+    var tr = row([element("td", refund.item_id, "num"), refund.payment_id, refund.buyer || "-",
+                  element("td", money(refund.amount_cents, refund.currency), "num"),
+                  refund.reason, cell]);
     tr.dataset.paymentId = refund.payment_id;
     return tr;
   }
@@ -312,6 +319,8 @@
     var body = {};
     var values = new FormData(form);
     ["name"].forEach(function (name) { body[name] = values.get(name).trim(); });
+    var currency = values.get("currency").trim().toUpperCase();
+    if (currency !== "") { body.currency = currency; }  // else the server's default
     ["price_cents", "total", "per_buyer_limit", "hold_seconds", "stock_shards",
      "queue_admit_per_second", "queue_open_seconds"].forEach(function (name) {
       var text = values.get(name);
@@ -450,8 +459,8 @@
   }
 
   function markRefunded(refund) {
-    act("Mark payment " + refund.payment_id + "'s refund of " + money(refund.amount_cents) +
-        " given back?", function () {
+    var sum = money(refund.amount_cents, refund.currency);
+    act("Mark payment " + refund.payment_id + "'s refund of " + sum + " given back?", function () {
       // In the body, not the path: a browser collapses a payment id of "." or ".." there.
       var body = { item_id: refund.item_id, payment_id: refund.payment_id };
       return call("POST", "admin/refunds/refunded", body).then(function (answer) {

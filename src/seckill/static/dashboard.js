@@ -166,7 +166,7 @@
     setText(view.numbers.dead_letters, item.dead_letters);
     view.numbers.dead_letters.className = item.dead_letters ? "bad" : "";
     var owed = item.refunds_owed;
-    setText(view.numbers.refunds_owed, owed ? owed.count + money(owed.amount_cents) : null);
+    setText(view.numbers.refunds_owed, owed ? owed.count + money(owed.amounts) : null);
     view.numbers.refunds_owed.className = owed && owed.count ? "bad" : "";
     push(view.t, t);
     STOCK.forEach(function (s) { push(view[s.field], redis ? redis[s.field] : null); });
@@ -239,9 +239,19 @@
     purchases.plot.outcomes = outcomes;
   }
 
-  // " (12.34)": an amount in cents, shown beside a count when there is one.
-  function money(cents) {
-    return cents ? " (" + (cents / 100).toFixed(2) + ")" : "";
+  // " (12.34 EUR, 500 JPY)": sums by currency (minor units), shown beside a count; never added
+  // across currencies.
+  function money(amounts) {
+    var shown = Object.keys(amounts).sort().filter(function (c) { return amounts[c]; });
+    return shown.length ? " (" + shown.map(function (c) { return sum(amounts[c], c); })
+      .join(", ") + ")" : "";
+  }
+
+  // A sum in minor units of an ISO 4217 currency, in its own decimals: "19.99 EUR", "1999 JPY".
+  function sum(cents, currency) {
+    var digits = new Intl.NumberFormat("en", { style: "currency", currency: currency })
+      .resolvedOptions().maximumFractionDigits;
+    return (cents / Math.pow(10, digits)).toFixed(digits) + " " + currency;
   }
 
   function showWorkers(data, now, updated) {
@@ -253,12 +263,16 @@
     deadEl.className = known && dead === 0 ? "ok" : "bad";
     setText($("dead-letters-recorded"), data.dead_letters_recorded);
     var refunds = 0;
-    var cents = 0;
+    var amounts = {};  // currency -> minor units
     data.items.forEach(function (i) {
-      if (i.refunds_owed) { refunds += i.refunds_owed.count; cents += i.refunds_owed.amount_cents; }
+      if (!i.refunds_owed) { return; }
+      refunds += i.refunds_owed.count;
+      Object.keys(i.refunds_owed.amounts).forEach(function (c) {
+        amounts[c] = (amounts[c] || 0) + i.refunds_owed.amounts[c];
+      });
     });
     var owedEl = $("refunds-owed");
-    setText(owedEl, known ? refunds + money(cents) : "SQL unavailable");
+    setText(owedEl, known ? refunds + money(amounts) : "SQL unavailable");
     owedEl.className = known && refunds === 0 ? "ok" : "bad";
     var reaper = data.reaper;
     setText($("reaper-last-pass"), when(reaper.last_pass_at, now) || "none seen by this process");
