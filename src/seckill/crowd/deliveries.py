@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from seckill.domain.events import EventKind
+from seckill.domain.events import EventKind, RefundReason
 from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import Check
 from seckill.engine.keys import item_keys
@@ -84,11 +84,13 @@ def ours(delivery: Delivery, *, item_id: int, since_ms: int, prefix: str) -> boo
 
 
 def journaled_ids(item_id: int, journal: Iterable[JournalRow], *, prefix: str) -> set[str]:
-    """The message ids of the order events SQL journaled for the item: what the bridge owes."""
+    """The message ids of the order events SQL journaled for the item: what the bridge owes
+    (not a refund owed for an order nobody knows: it has no order to publish, as
+    ``sinks.messages.order_message`` says)."""
     return {
         message_id(item_keys(item_id, prefix, row.shard).events, row.event_id)
         for row in journal
-        if row.event in ROUTING_KEYS
+        if row.event in ROUTING_KEYS and row.reason != RefundReason.UNKNOWN_ORDER
     }
 
 
