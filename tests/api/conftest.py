@@ -226,6 +226,10 @@ class Api:
         charged: Money | None = None,
     ) -> Answer:
         """The provider's notice; ``charged`` defaults to one unit of the item at its price."""
+        if charged is None and item_id not in self.prices:  # an item made another way
+            seen = await self.http.get(f"/api/v1/items/{item_id}")
+            if seen.status_code == 200:
+                self.prices[item_id] = Money(seen.json()["price_cents"], seen.json()["currency"])
         charged = charged or self.prices.get(item_id, Money(19_900, "USD"))
         notice: dict[str, str | int] = {
             "payment_id": payment_id,
