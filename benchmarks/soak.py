@@ -70,7 +70,7 @@ from benchmarks.tcp_proxy import TcpProxy
 from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
-from seckill.domain.events import RefundReason, stream_position
+from seckill.domain.events import stream_position
 from seckill.domain.money import Charge, Money, account
 from seckill.domain.orders import OrderStatus
 from seckill.engine.group_reader import registered_groups
@@ -80,7 +80,7 @@ from seckill.redis_cluster import LocalCluster, free_cluster_port
 from seckill.redis_server import die_with_parent
 from seckill.services.reconcile.records import audit_records
 from seckill.sinks.base import bridge_group
-from seckill.sinks.messages import message_id
+from seckill.sinks.messages import forwarded, message_id
 from seckill.sinks.nats import DEFAULT_STREAM, DEFAULT_SUBJECT_PREFIX
 from seckill.store.tables import Order, Refund, StockFlow
 
@@ -712,13 +712,16 @@ async def verdicts(
                 select(Refund.payment_id, Refund.order_id, Refund.amount_cents, Refund.currency)
                 .where(Refund.item_id == item_id)
             )).all()  # fmt: skip
-            # Every order event the bridge publishes: not a refund owed for an order nobody
-            # knows (an order lost with Redis, paid after), which has no order to publish.
-            journal = (await conn.execute(
-                select(StockFlow.order_id, StockFlow.event, StockFlow.shard, StockFlow.event_id)
-                .where(StockFlow.item_id == item_id, StockFlow.order_id.is_not(None),
-                       StockFlow.reason.is_distinct_from(RefundReason.UNKNOWN_ORDER.value))
-            )).all()  # fmt: skip
+            # Every order event the bridge publishes (sinks.messages.forwarded).
+            journal = [
+                row
+                for row in await conn.execute(
+                    select(StockFlow.order_id, StockFlow.event, StockFlow.shard,
+                           StockFlow.event_id, StockFlow.reason)
+                    .where(StockFlow.item_id == item_id, StockFlow.order_id.is_not(None))
+                )
+                if forwarded(row.event, row.reason)
+            ]  # fmt: skip
             copies_in_sql = (await conn.execute(
                 select(func.count()).select_from(Order).where(Order.item_id == item_id)
             )).scalar_one()  # fmt: skip

@@ -29,7 +29,7 @@ from seckill.redis_server import RedisServer
 from seckill.services.archive import Archivist
 from seckill.services.dead_letters import drop_dead_letters, list_dead_letters
 from seckill.services.items import item_counters, warm_item
-from seckill.services.orders import OrderBook
+from seckill.services.orders import OrderBook, OrderNotFound
 from seckill.services.reconcile.reconciler import Reconciler
 from seckill.services.reconcile.records import audit_records
 from seckill.services.reconcile.recovery import recover_item
@@ -525,6 +525,47 @@ async def test_notices_for_an_archived_item_are_settled_in_sql(
     page = await ledger.payments.refunds(item_id=item_id)
     assert sorted(r.payment_id for r in page.refunds) == ["again", "late-1", "late-2", "same"]
     assert (await ledger.journal_kinds(item_id))["refund_required"] == 4
+    assert await ledger.stock(item_id) == Stock(total=10, available=7, held=0, sold=3)
+    checks = await audit_records(engine, ledger, item_id)
+    assert all(c.ok for c in checks), checks
+
+
+async def test_an_archived_items_wrong_sums_and_unknown_orders_are_refunds_owed_in_sql(
+    redis: RedisClient, engine: RedisEngine, ledger: Ledger, clock: ManualClock
+) -> None:
+    """After archiving, SQL answers a charge as Redis did: another sum or currency is a refund
+    owed of the sum charged (the order as it was), a charge for an order nobody knows is one
+    too (unknown_order), each once however often it is sent; a failure for one is unknown."""
+    item_id = await settled_sale(redis, engine, ledger, clock)
+    assert (await archivist(engine, ledger).archive(item_id)).removed
+    book = OrderBook(engine=engine, ledger=ledger)
+    paid, cancelled = item_id * 100 + 1, item_id * 100 + 4
+    cases = [
+        (paid, "short", Money(499, "USD"), RefundReason.AMOUNT_MISMATCH, OrderStatus.PAID),
+        (cancelled, "euros", Money(500, "EUR"), RefundReason.CURRENCY_MISMATCH,
+         OrderStatus.RELEASED),
+        (424242, "nobody", Money(777, "JPY"), RefundReason.UNKNOWN_ORDER, None),
+    ]  # fmt: skip
+    for order_id, payment_id, charged, reason, status in cases:
+        for replayed in (False, True):
+            answer, view = await book.settle_payment(
+                item_id, order_id, payment_id=payment_id, succeeded=True, charged=charged
+            )
+            assert (answer.outcome, answer.reason, answer.replayed) == (
+                Outcome.REFUND_REQUIRED, reason, replayed
+            )  # fmt: skip
+            assert (view.status if view else None) == status
+    with pytest.raises(OrderNotFound):
+        await book.settle_payment(
+            item_id, 424243, payment_id="nobody-failed", succeeded=False, charged=PRICE
+        )
+    page = await ledger.payments.refunds(item_id=item_id)
+    owed = {r.payment_id: (r.order_id, r.buyer, r.charged) for r in page.refunds}
+    assert owed == {
+        "short": (paid, "buyer-1", Money(499, "USD")),
+        "euros": (cancelled, "buyer-4", Money(500, "EUR")),
+        "nobody": (424242, None, Money(777, "JPY")),
+    }
     assert await ledger.stock(item_id) == Stock(total=10, available=7, held=0, sold=3)
     checks = await audit_records(engine, ledger, item_id)
     assert all(c.ok for c in checks), checks

@@ -335,6 +335,7 @@ async def test_a_payment_id_reused_is_refused_and_writes_nothing(
     await assert_audit_passes(engine)
 
 
+@EVERY_VARIANT
 async def test_a_charge_for_an_unknown_order_is_one_refund_owed_of_its_sum(
     engine: RedisEngine, redis: Redis
 ) -> None:
@@ -374,6 +375,7 @@ async def test_a_charge_for_an_unknown_order_is_one_refund_owed_of_its_sum(
     await assert_audit_passes(engine)
 
 
+@EVERY_VARIANT
 @pytest.mark.parametrize(
     ("charged", "reason"),
     [

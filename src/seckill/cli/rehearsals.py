@@ -140,6 +140,11 @@ def bench(
         max=1,
         help="Share of paying buyers charged twice (the second charge is owed back).",
     ),
+    stray_charges: bool = typer.Option(
+        _PLAN["stray_charges"],
+        help="Once per sale, charge one order a cent short and an order never issued (each "
+        "owed back in full, the short one still payable).",
+    ),
     seed: int = typer.Option(_PLAN["seed"], help="The crowd's random seed."),
     report_dir: Path = _REPORT_DIR,
     waiting_room: bool = typer.Option(
@@ -163,7 +168,8 @@ def bench(
     plan = _plan(
         buyers=buyers, late_buyers=late_buyers, duration_s=duration, units=units,
         per_buyer_limit=limit, hold_seconds=hold_seconds, concurrency=concurrency, pay=pay,
-        fail=fail, cancel=cancel, replay=replay, double_charge=double_charge, seed=seed,
+        fail=fail, cancel=cancel, replay=replay, double_charge=double_charge,
+        stray_charges=stray_charges, seed=seed,
     )  # fmt: skip
     settings = current_settings()
     try:

@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from seckill.domain.events import EventKind, RefundReason
+from seckill.domain.events import EventKind
 from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import Check
 from seckill.engine.keys import item_keys
 from seckill.sinks import OrderEventBody, sink_from_url
-from seckill.sinks.messages import ROUTING_KEYS, message_id
+from seckill.sinks.messages import forwarded, message_id
 from seckill.store.records import JournalRow
 
 if TYPE_CHECKING:
@@ -84,13 +84,11 @@ def ours(delivery: Delivery, *, item_id: int, since_ms: int, prefix: str) -> boo
 
 
 def journaled_ids(item_id: int, journal: Iterable[JournalRow], *, prefix: str) -> set[str]:
-    """The message ids of the order events SQL journaled for the item: what the bridge owes
-    (not a refund owed for an order nobody knows: it has no order to publish, as
-    ``sinks.messages.order_message`` says)."""
+    """The message ids of the order events SQL journaled for the item: what the bridge owes."""
     return {
         message_id(item_keys(item_id, prefix, row.shard).events, row.event_id)
         for row in journal
-        if row.event in ROUTING_KEYS and row.reason != RefundReason.UNKNOWN_ORDER
+        if forwarded(row.event, row.reason)
     }
 
 

@@ -107,6 +107,12 @@ class OrderEventBody(BaseModel):
     currency: str | None = Field(description="refund_required only: the charge's ISO 4217 code.")
 
 
+def forwarded(kind: str, reason: str | None) -> bool:
+    """Whether an event of this kind and reason is published (see the module's docstring): the
+    one rule, for the bridge and for whoever checks what it published."""
+    return kind in ROUTING_KEYS and reason != RefundReason.UNKNOWN_ORDER
+
+
 def body_schema() -> dict[str, Any]:
     """The JSON Schema of the message body, for the shop's consumers."""
     return OrderEventBody.model_json_schema(mode="serialization")
@@ -134,9 +140,9 @@ def order_message(event: StockEvent, *, stream: str) -> Message | None:
 
     Raises :class:`BadEvent` for an order event without its order (never one decoded by
     ``decode_event``, which checks every field the kind needs)."""
-    routing_key = ROUTING_KEYS.get(event.kind)
-    if routing_key is None or event.reason is RefundReason.UNKNOWN_ORDER:
+    if not forwarded(event.kind, event.reason):
         return None
+    routing_key = ROUTING_KEYS[event.kind]
     if event.order_id is None or event.buyer is None or event.quantity is None:
         raise BadEvent(f"{event.kind} event {event.event_id} without its order")
     body = OrderEventBody(
