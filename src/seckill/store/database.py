@@ -45,7 +45,10 @@ def open_database(
     rather than hang on a server that accepts connections and answers nothing; a server's lock
     waits end sooner (``LOCK_WAIT_SHARE`` of it), as busy (``is_busy``). Without it, the
     drivers' own (generous) bounds hold, as workers want: a batch may take a while under load.
-    On SQLite it also queues the engine's write transactions in the process (``SerialWrites``)."""
+    On SQLite it also queues the engine's write transactions in the process (``SerialWrites``).
+
+    PostgreSQL through a transaction pooler (PgBouncer): the URL says so with
+    ``prepared_statement_cache_size=0`` (``through_transaction_pooler``)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if tls is not None:
@@ -69,6 +72,7 @@ def open_database(
     # A lock wait ends on the server a little before the deadline, as an error that says the
     # server is busy (``is_busy``): past the deadline, it could not be told from silence.
     lock_wait_s = LOCK_WAIT_SHARE * deadline_s if deadline_s else None
+    lock_timeout: str | None = None  # set per transaction, through a transaction pooler
     # Bounded waits: a server that vanishes without a reset must not hang a worker for minutes.
     if parsed.get_backend_name() in {"mysql", "mariadb"}:
         # READ COMMITTED: no gap locks, so persisters inserting new orders do not block each other.
@@ -84,14 +88,24 @@ def open_database(
             "timeout": deadline_s or 10,
             "command_timeout": deadline_s or 60,
         }
+        pooled = through_transaction_pooler(url)
+        if pooled:
+            # A server connection serves many clients, one transaction at a time: asyncpg's
+            # statement cache off, so every statement is prepared unnamed, in the transaction
+            # that runs it (a named one would stay on the server connection, where another
+            # client's of the same name collides with it, or be looked for on another).
+            options["connect_args"]["statement_cache_size"] = 0
         if lock_wait_s:
-            lock_timeout = f"{max(1, int(lock_wait_s * 1000))}ms"
-            options["connect_args"]["server_settings"] = {"lock_timeout": lock_timeout}
+            ms = f"{max(1, int(lock_wait_s * 1000))}ms"
+            if pooled:  # a startup setting would reach no server connection: per transaction
+                lock_timeout = ms
+            else:
+                options["connect_args"]["server_settings"] = {"lock_timeout": ms}
     if tls is not None:
         options.setdefault("connect_args", {})["ssl"] = tls
     if deadline_s:
         options["pool_timeout"] = deadline_s
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
@@ -99,6 +113,31 @@ def open_database(
         pool_recycle=3600,
         **options,
     )
+    if lock_timeout is not None:
+        setting = text("SELECT set_config('lock_timeout', :wait, true)").bindparams(
+            wait=lock_timeout
+        )
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _lock_timeout(connection: Any) -> None:
+            connection.execute(setting)  # is_local: it ends with the transaction
+
+    return engine
+
+
+def through_transaction_pooler(url: str) -> bool:
+    """Does ``url`` reach PostgreSQL through a pooler in transaction mode (PgBouncer's
+    ``pool_mode = transaction``)? It says so with SQLAlchemy's own parameter
+    ``prepared_statement_cache_size=0`` (no prepared statement is kept between transactions,
+    which may each run on another server connection); ``open_database`` then also turns
+    asyncpg's statement cache off (statements are prepared unnamed), and sets the request
+    engine's ``lock_timeout`` in each transaction (``SET LOCAL``) rather than at connection
+    start, where the pooler would refuse it or keep it for one server connection."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return False
+    size = parsed.query.get("prepared_statement_cache_size")
+    return (size[-1] if isinstance(size, tuple) else size) == "0"
 
 
 class WriteQueueTimeout(PoolTimeout):
