@@ -68,7 +68,8 @@ def render(directory: Path = K8S_BASE) -> list[dict[str, Any]]:
 
 
 def k8s_roles(documents: list[dict[str, Any]]) -> dict[str, Role]:
-    """Each Deployment's and Job's container, by its component label."""
+    """Each Deployment's and Job's container that runs seckill's image, by its component
+    label."""
     config_maps = {
         d["metadata"]["name"]: d.get("data") or {} for d in documents if d["kind"] == "ConfigMap"
     }
@@ -79,10 +80,18 @@ def k8s_roles(documents: list[dict[str, Any]]) -> dict[str, Role]:
         template = doc["spec"]["template"]
         name = template["metadata"]["labels"][COMPONENT]
         (container,) = template["spec"]["containers"]
+        if not runs_seckill(container["image"]):
+            continue  # PgBouncer: a server the deployment runs, not one of seckill's roles
         roles[name] = container_role(
             f"k8s {doc['kind']}/{doc['metadata']['name']}", name, container, config_maps
         )
     return roles
+
+
+def runs_seckill(image: str) -> bool:
+    """Is ``image`` (``seckill``, ``REGISTRY/seckill:TAG``, ``REGISTRY/seckill@sha256:...``)
+    seckill's own?"""
+    return re.sub(r"(@sha256:[0-9a-f]+|:[^/:]+)$", "", image).rsplit("/", 1)[-1] == "seckill"
 
 
 def container_role(

@@ -52,7 +52,10 @@ WORKER_ROLES = ("persister", "reaper", "reconciler", "archiver", "inlet")
 K8S = K8S_BASE.parent
 PRODUCTION = OVERLAYS / "production"
 SALE_DAY = OVERLAYS / "sale-day"
-SECRET_FILES = ("redis-url", "database-url", "jwt-secret", "ticket-secret", "payment-secret")
+SECRET_FILES = (
+    "redis-url", "database-url", "jwt-secret", "ticket-secret", "payment-secret",
+    "pgbouncer-userlist",
+)  # fmt: skip
 DEPLOY_MD = DEPLOY.parent / "docs" / "operations" / "deploy.md"
 
 
