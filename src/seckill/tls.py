@@ -164,3 +164,37 @@ def _exists(path: Path, setting: str) -> None:
 
 def _variable(setting: str) -> str:
     return ENV_PREFIX + setting.upper()
+
+
+def database_tls_refusal(exc: BaseException) -> str | None:
+    """What to tell the operator when ``exc`` (raised connecting to SQL) is a TLS handshake
+    that failed: the server speaks no TLS, or its certificate was refused. That is no outage to
+    wait out but a setting to fix, so a process stops on it (exit 2). None for anything else."""
+    mode = "SECKILL_DATABASE_TLS"
+    for cause in _chain(exc):
+        text = str(cause)
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return (
+                f"the database's certificate was refused ({cause.verify_message}): check "
+                f"{mode}_CA_FILE, or {mode} (verify-ca does not check the host it names)"
+            )
+        if isinstance(cause, ssl.SSLError) or "rejected SSL upgrade" in text:
+            # asyncpg: 'PostgreSQL server at "host:port" rejected SSL upgrade'.
+            return (
+                f"the database refused TLS ({text or type(cause).__name__}): turn TLS on at "
+                f"the server, or leave {mode} unset where the server speaks none"
+            )
+    return None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, what SQLAlchemy wraps in it (``orig``) and its causes, each once."""
+    found: list[BaseException] = []
+    pending: list[object] = [exc]
+    while pending:
+        cause = pending.pop()
+        if not isinstance(cause, BaseException) or any(cause is seen for seen in found):
+            continue
+        found.append(cause)
+        pending += [getattr(cause, "orig", None), cause.__cause__, cause.__context__]
+    return found

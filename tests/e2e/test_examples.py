@@ -24,7 +24,7 @@ from tests.e2e.test_serve import call, env_for, free_port, token, wait_until_ser
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RUN_TIMEOUT_S = 60
-PAYMENT_SECRET = "kit-payment-secret"
+PAYMENT_SECRET = "kit-payment-secret-" + "k" * 16  # 32 bytes, the least a key may have
 PRICE_CENTS, CURRENCY = 2500, "EUR"
 
 

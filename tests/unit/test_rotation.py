@@ -124,7 +124,7 @@ def test_the_payment_key_rotates(tmp_path: Path) -> None:
             return False
         return True
 
-    assert_rotates(sign_notice, verifies, "old-payment-key", "new-payment-key")
+    assert_rotates(sign_notice, verifies, OLD, NEW)
 
 
 @pytest.mark.parametrize(

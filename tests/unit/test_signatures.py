@@ -144,8 +144,8 @@ def test_empty_secret_is_refused() -> None:
 
 
 def test_payment_secret_is_configured_or_generated_once(tmp_path: Path) -> None:
-    configured = isolated_settings(tmp_path, payment_secret="configured")
-    assert payment_secret(configured) == (b"configured",)
+    configured = isolated_settings(tmp_path, payment_secret="configured-" + "k" * 21)
+    assert payment_secret(configured) == (b"configured-" + b"k" * 21,)
     (generated,) = payment_secret(isolated_settings(tmp_path))
     assert (generated,) == payment_secret(isolated_settings(tmp_path))
     assert generated == (tmp_path / "secrets" / "payment").read_text().strip().encode()
@@ -153,11 +153,20 @@ def test_payment_secret_is_configured_or_generated_once(tmp_path: Path) -> None:
 
 
 def test_payment_secret_holds_the_keys_of_a_rotation(tmp_path: Path) -> None:
-    settings = isolated_settings(tmp_path, payment_secret="new-key, old-key")
-    assert payment_secret(settings) == (b"new-key", b"old-key")
-    for value in ("a,,b", ",a", "a,", " , "):
+    new, old = "new-key-" + "n" * 24, "old-key-" + "o" * 24
+    settings = isolated_settings(tmp_path, payment_secret=f"{new}, {old}")
+    assert payment_secret(settings) == (new.encode(), old.encode())
+    a, b = "a" * 32, "b" * 32
+    for value in (f"{a},,{b}", f",{a}", f"{a},", " , "):
         with pytest.raises(ValueError, match=r"SECKILL_PAYMENT_SECRET: key . of . is empty"):
             payment_secret(isolated_settings(tmp_path, payment_secret=value))
+
+
+@pytest.mark.parametrize("value", ["k", "k" * 31, "k" * 32 + ",short"])
+def test_a_payment_key_shorter_than_32_bytes_is_refused(tmp_path: Path, value: str) -> None:
+    """A one-byte key was accepted: anyone who sees one signed notice finds it offline."""
+    with pytest.raises(ValueError, match=r"SECKILL_PAYMENT_SECRET: key . of . has \d+ bytes"):
+        payment_secret(isolated_settings(tmp_path, payment_secret=value))
 
 
 def test_any_of_several_keys_verifies_and_the_first_signs() -> None:

@@ -1,16 +1,26 @@
-"""Every check a process makes of its settings before it starts anything, in one list: what
-the profile asks for (``Settings.problems``), then whether what is set can be used (the TLS
-files, the key lists, the token keys), each read as the process would read it."""
+"""Every check a process or command makes of its settings before it starts anything, in one
+list (``configuration_problems``; `seckill config check` prints the same): what the profile asks
+for (``Settings.problems``), whether each URL names something this code can reach (a driver it
+has, a scheme it speaks, a port that is a number), whether the key settings agree with each
+other, then whether what is set can be used (the TLS files, the key lists, the token keys), each
+read as the process would read it. Every line names its setting and shows no credential."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
-from seckill.config import Settings
+from seckill.config import ENV_PREFIX, Settings
+from seckill.domain.masking import mask_url
 from seckill.security.signatures import payment_secret
 from seckill.security.tickets import ticket_secret
 from seckill.security.tokens import token_codec
+from seckill.sinks.by_url import NATS_SCHEMES, RABBITMQ_SCHEMES
 from seckill.tls import database_ssl_context, redis_ssl_options
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+JWKS_SCHEMES = ("https", "http")
+BRIDGE_SCHEMES = tuple(sorted(RABBITMQ_SCHEMES | NATS_SCHEMES))
 
 
 def configuration_problems(settings: Settings) -> list[str]:
@@ -18,6 +28,8 @@ def configuration_problems(settings: Settings) -> list[str]:
     and, with SECKILL_JWT_JWKS_URL, fetches the key set; generates nothing: a key left unset is
     checked only where the profile asks for it."""
     problems = settings.problems()
+    problems.extend(url_problems(settings))
+    problems.extend(key_setting_problems(settings))
     checks: list[Callable[[], object]] = [
         lambda: redis_ssl_options(settings),
         lambda: database_ssl_context(settings),
@@ -34,6 +46,108 @@ def configuration_problems(settings: Settings) -> list[str]:
         except (ValueError, OSError) as exc:  # ConfigurationError is a ValueError
             problems.append(str(exc))
     return problems
+
+
+def url_problems(settings: Settings) -> list[str]:
+    """Each URL setting that is set but cannot be used, as the process would read it."""
+    found = [
+        _database_url_problem(settings.database_url) if settings.database_url else None,
+        _redis_url_problem(settings.redis_url) if settings.redis_url else None,
+        _url_problem("bridge_url", settings.bridge_url, BRIDGE_SCHEMES)
+        if settings.bridge_url
+        else None,
+        _url_problem("jwt_jwks_url", settings.jwt_jwks_url, JWKS_SCHEMES)
+        if settings.jwt_jwks_url
+        else None,
+    ]
+    return [problem for problem in found if problem]
+
+
+def key_setting_problems(settings: Settings) -> list[str]:
+    """Key settings that contradict each other: one of them would be ignored without a word,
+    so which one the operator meant is asked instead."""
+    key_set = settings.jwt_jwks_file is not None or bool(settings.jwt_jwks_url)
+    algorithm = settings.jwt_algorithm
+    found = []
+    checked_by = (
+        "a key set (SECKILL_JWT_JWKS_FILE or SECKILL_JWT_JWKS_URL), which alone checks tokens"
+        if key_set
+        else f"SECKILL_JWT_ALGORITHM is {algorithm}"
+    )
+    if settings.jwt_secret and (key_set or algorithm != "HS256"):
+        found.append(
+            f"SECKILL_JWT_SECRET is set beside {checked_by}: unset one (an HS256 key of a key "
+            "set is published in the set)"
+        )
+    if settings.jwt_public_key_file is not None and (key_set or algorithm == "HS256"):
+        found.append(f"SECKILL_JWT_PUBLIC_KEY_FILE is set beside {checked_by}: unset one")
+    if settings.jwt_private_key_file is not None and not key_set and algorithm == "HS256":
+        found.append(
+            "SECKILL_JWT_PRIVATE_KEY_FILE is set, but SECKILL_JWT_ALGORITHM is HS256, which "
+            "signs with SECKILL_JWT_SECRET: unset one"
+        )
+    return found
+
+
+def _database_url_problem(url: str) -> str | None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    variable = f"{ENV_PREFIX}DATABASE_URL"
+    shown = mask_url(url)
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return (
+            f"{variable} ({shown}) is not a database URL: driver://user:password@host:port/"
+            "database, the port a number (e.g. postgresql+asyncpg://seckill:...@db:5432/seckill)"
+        )
+    drivers = "postgresql+asyncpg://, mysql+asyncmy:// or sqlite+aiosqlite://"
+    try:
+        dialect = parsed.get_dialect()
+        dialect.import_dbapi()
+    except (NoSuchModuleError, ImportError):
+        return f"{variable} ({shown}) names the driver {parsed.drivername!r}, which is unknown or not installed: use {drivers}"  # noqa: E501
+    if not dialect.is_async:
+        return f"{variable} ({shown}) names {parsed.drivername!r}, which is not an asyncio driver: use {drivers}"  # noqa: E501
+    return None
+
+
+def _redis_url_problem(url: str) -> str | None:
+    from redis.connection import parse_url
+
+    problem = _url_problem("redis_url", url, REDIS_SCHEMES)
+    if problem:
+        return problem
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        return f"{ENV_PREFIX}REDIS_URL ({mask_url(url)}) is not a Redis URL: {exc}"
+    database = urlsplit(url).path.strip("/")
+    if urlsplit(url).scheme != "unix" and database and not database.isdigit():
+        return (
+            f"{ENV_PREFIX}REDIS_URL ({mask_url(url)}) names the database {database!r}: a Redis "
+            "database is a number (redis://host:6379/0)"
+        )
+    return None
+
+
+def _url_problem(setting: str, url: str, schemes: tuple[str, ...]) -> str | None:
+    """A URL of one of ``schemes`` with a host (unix: a path) and, if any, a numeric port."""
+    variable = f"{ENV_PREFIX}{setting.upper()}"
+    shown = mask_url(url)
+    known = ", ".join(f"{scheme}://" for scheme in schemes)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed here: a port that is not a number raises
+    except ValueError as exc:
+        return f"{variable} ({shown}) is not a URL: {exc}"
+    scheme = parts.scheme.lower()
+    if scheme not in schemes:
+        return f"{variable} ({shown}) is not a URL this setting takes: it must start with {known}"
+    if scheme != "unix" and not parts.hostname:
+        return f"{variable} ({shown}) names no host"
+    return None
 
 
 def _token_keys_set(settings: Settings) -> bool:

@@ -27,6 +27,7 @@ def current_settings() -> Settings:
     """The settings; a value that does not parse, or a secret file that cannot be read, ends
     the command with exit 2 and what is wrong."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from seckill.config import ConfigurationError, Settings
 
@@ -36,6 +37,36 @@ def current_settings() -> Settings:
         abort(exc)
     except ValidationError as exc:
         abort(_settings_errors(exc))
+    except SettingsError as exc:
+        abort(_unparsed(exc))
+
+
+@functools.cache
+def checked_settings() -> Settings:
+    """The settings, once every check of them passed (``configuration_problems``, the list
+    `seckill config check` prints): else the command ends with exit 2 and what is wrong, one
+    line per problem, before it creates or connects anything."""
+    from seckill.bootstrap.checks import configuration_problems
+
+    settings = current_settings()
+    problems = configuration_problems(settings)
+    if problems:
+        abort(settings.cannot_start(problems))
+    return settings
+
+
+def _unparsed(exc: Exception) -> str:
+    """pydantic-settings' refusal of a list or mapping setting that is not JSON, which names
+    the field but not the variable, nor what was expected."""
+    import re
+
+    from seckill.config import ENV_PREFIX
+
+    found = re.search(r'field "(\w+)"', str(exc))
+    if found is None:
+        return f"invalid settings: {exc}"
+    variable = f"{ENV_PREFIX}{found.group(1).upper()}"
+    return f'invalid settings: {variable} is not JSON (a list is written ["a", "b"], empty [])'
 
 
 def _settings_errors(exc: Any) -> str:
@@ -62,19 +93,16 @@ def overridden(settings: Settings, **flags: object) -> Settings:
 
 
 def start_process(*, processes: int = 1) -> Settings:
-    """Set up a server or worker process once: its metrics directory, then its logs.
+    """Set up a server or worker process once: its settings checked (``checked_settings``),
+    its metrics directory, its logs, then Redis waited for (``_wait_for_redis``).
 
     With SECKILL_METRICS_DIR, this process writes its metrics into files there, which every
     process of the deployment shares. prometheus_client picks its mode when first imported, so
     this runs before anything imports it (seckill.serve and the workers do).
     """
-    from seckill.bootstrap.checks import configuration_problems
     from seckill.observability.logs import configure_logging
 
-    settings = current_settings()
-    problems = configuration_problems(settings)  # before anything starts: nothing half-running
-    if problems:
-        abort(settings.cannot_start(problems))
+    settings = checked_settings()  # before anything starts: nothing half-running
     path = settings.metrics_dir
     if path is None and processes > 1:
         # The API's own processes still add up: a directory of its own, emptied at start.
@@ -88,7 +116,20 @@ def start_process(*, processes: int = 1) -> Settings:
         path.mkdir(parents=True, exist_ok=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path.resolve())
     configure_logging(settings.log_format, settings.log_level)
+    _wait_for_redis(settings)
     return settings
+
+
+def _wait_for_redis(settings: Settings) -> None:
+    """A server or worker started while Redis does not answer waits for it a few seconds
+    (SECKILL_REDIS_START_WAIT_SECONDS), then stops in one line: checked once here, before any
+    process is forked, so no supervisor respawns workers that cannot start."""
+    from seckill.bootstrap.runtime import RedisUnavailable, wait_for_redis
+
+    try:
+        asyncio.run(wait_for_redis(settings))
+    except RedisUnavailable as exc:
+        abort(exc)
 
 
 def abort(message: object, code: int = 2) -> NoReturn:
@@ -100,27 +141,48 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     """Run ``work`` with everything wired from the settings. A refusal, a schema that is not
     current (see ``prepare_schema``) and a server that does not answer are each a clear error,
     exit 2."""
-    from sqlalchemy.exc import DBAPIError
-
     from seckill.bootstrap.runtime import open_runtime
     from seckill.config import ConfigurationError
+    from seckill.domain.masking import mask_in
     from seckill.domain.outcomes import InvalidRequest
     from seckill.engine.cluster import REDIS_UNAVAILABLE
     from seckill.services.items import UnknownItem
-    from seckill.store.database import is_transient
+    from seckill.store.migrate import NewerSchema
+
+    settings = checked_settings()
 
     async def main() -> T:
-        async with open_runtime(current_settings()) as runtime:
+        async with open_runtime(settings) as runtime:
             return await work(runtime)
 
     try:
         return asyncio.run(main())
-    except (InvalidRequest, UnknownItem, ConfigurationError) as exc:
+    except (InvalidRequest, UnknownItem, ConfigurationError, NewerSchema) as exc:
         abort(exc)
     except REDIS_UNAVAILABLE as exc:
-        abort(f"Redis did not answer: {exc}")
+        abort(f"Redis did not answer: {mask_in(str(exc), settings.redis_url)}")
     except Exception as exc:
-        if not is_transient(exc):
+        trouble = database_trouble(exc)
+        if trouble is None:
             raise
-        cause = exc.orig if isinstance(exc, DBAPIError) else exc
-        abort(f"the database did not answer: {cause or type(cause).__name__}")
+        abort(trouble)
+
+
+def database_trouble(exc: BaseException) -> str | None:
+    """The one line a command ends with when SQL failed it for a reason of the deployment's (a
+    TLS handshake refused, a server that does not answer), None for anything else (a bug: its
+    traceback is wanted)."""
+    from sqlalchemy.exc import DBAPIError
+
+    from seckill.domain.masking import mask_in
+    from seckill.store.database import is_transient
+    from seckill.tls import database_tls_refusal
+
+    refusal = database_tls_refusal(exc)
+    if refusal:
+        return refusal
+    if not is_transient(exc):
+        return None
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    url = current_settings().database_url
+    return f"the database did not answer: {mask_in(str(cause) or type(cause).__name__, url)}"

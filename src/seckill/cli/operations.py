@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from seckill.cli.common import abort, console, current_settings, setting_default, with_runtime
+from seckill.cli.common import (
+    abort,
+    checked_settings,
+    console,
+    current_settings,
+    setting_default,
+    with_runtime,
+)
 from seckill.domain.rules import MAX_STOCK_SHARDS
 
 if TYPE_CHECKING:
@@ -58,7 +65,7 @@ def token(
 
     if (buyer is None) == (not admin):
         abort("give exactly one of --buyer ID or --admin")
-    settings = current_settings()
+    settings = checked_settings()
     subject, role = (buyer, Role.BUYER) if buyer is not None else ("admin", Role.ADMIN)
     try:
         minted = token_codec(settings).mint(
@@ -101,16 +108,13 @@ def config_docs() -> None:
 @db_commands.command("upgrade")
 def db_upgrade() -> None:
     """Create or migrate the schema to the newest revision."""
-    from seckill.config import ConfigurationError
+    from seckill.cli.common import database_trouble
     from seckill.store.database import open_database
-    from seckill.store.migrate import upgrade
+    from seckill.store.migrate import NewerSchema, upgrade
     from seckill.tls import database_ssl_context
 
-    settings = current_settings()
-    try:
-        tls = database_ssl_context(settings)
-    except ConfigurationError as exc:
-        abort(exc)
+    settings = checked_settings()  # the profile's refusal first: no SQLite file made
+    tls = database_ssl_context(settings)
 
     async def main() -> None:
         database = open_database(settings.effective_database_url, tls=tls)
@@ -119,7 +123,15 @@ def db_upgrade() -> None:
         finally:
             await database.dispose()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except NewerSchema as exc:
+        abort(exc)
+    except Exception as exc:
+        trouble = database_trouble(exc)
+        if trouble is None:
+            raise
+        abort(trouble)
     console.print("schema is current")
 
 

@@ -30,12 +30,16 @@ def _run(settings: Settings, *, api: bool, workers: Iterable[str], **options: An
     """Run the API and/or workers on one event loop until SIGTERM (after ``_start_process``)."""
     from seckill.bootstrap.workers import WorkerKind
     from seckill.config import ConfigurationError
+    from seckill.domain.masking import mask_in
+    from seckill.engine.cluster import REDIS_UNAVAILABLE
     from seckill.serve import run_blocking
 
     try:
         run_blocking(settings, api=api, workers=[WorkerKind(w) for w in workers], **options)
     except (OSError, ConfigurationError) as exc:
         abort(exc)
+    except REDIS_UNAVAILABLE as exc:  # gone again after start_process found it answering
+        abort(f"Redis did not answer: {mask_in(str(exc), settings.redis_url)}")
 
 
 _HOST = typer.Option(None, help=f"Listen address ({setting_default('api_host')}).")

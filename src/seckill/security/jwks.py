@@ -9,15 +9,18 @@ restart. A load that fails keeps the last good set (and logs a warning): an unre
 provider refuses no one.
 
 Every key must carry ``kid`` and ``alg`` (HS256 with an ``oct`` key of at least 32 bytes, RS256
-with an RSA key of at least 2048 bits, ES256 with an EC P-256 key); keys whose ``use`` is not
+with an RSA key of at least 2048 bits, ES256 with an EC P-256 key, either public only: a private
+member such as ``d`` refuses the set); keys whose ``use`` is not
 ``sig`` are skipped. A set that breaks these rules is refused whole, with a message naming the
 setting and the key.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -29,6 +32,7 @@ from joserfc.errors import JoseError, SecurityWarning
 from joserfc.jwk import ECKey, JWKRegistry, OctKey, RSAKey
 
 from seckill.config import ENV_PREFIX, Settings
+from seckill.domain.masking import mask_in, mask_url
 
 Algorithm = Literal["HS256", "RS256", "ES256"]
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
@@ -38,10 +42,16 @@ MIN_HMAC_KEY_BYTES = 32
 MIN_RSA_KEY_BITS = 2048
 ES256_CURVE = "P-256"
 
-# A fetch that takes longer is a failed one (the last good set stays).
+# A fetch that takes longer, from its request to its last byte, is a failed one (the last
+# good set stays). Each read is bounded apart (_READ_TIMEOUT); the blocking fetch at start
+# checks the whole between reads, so it ends within FETCH_TIMEOUT_SECONDS and one read.
 FETCH_TIMEOUT_SECONDS = 5.0
-# A key set is a few kilobytes; a larger answer is not one.
+_READ_TIMEOUT = httpx.Timeout(2.0)
+# A key set is a few kilobytes; a larger answer is not one, and is not read past this.
 MAX_DOCUMENT_BYTES = 1_000_000
+# A private key's members (RFC 7518 §6.2.2, §6.3.2): a set that verifies tokens publishes
+# public keys only, and one that carries a private key has leaked it.
+PRIVATE_MEMBERS = ("d", "p", "q", "dp", "dq", "qi", "oth")
 
 Key = OctKey | RSAKey | ECKey
 
@@ -75,25 +85,74 @@ class JwksSource:
                 raise ValueError(
                     f"{self.setting}: cannot read {self.file}: {error.strerror}"
                 ) from None
-        else:
-            try:
-                response = httpx.get(self.url, timeout=FETCH_TIMEOUT_SECONDS, follow_redirects=True)
+            return parse_key_set(document, source=self.setting)
+        deadline = time.monotonic() + FETCH_TIMEOUT_SECONDS
+        try:
+            with httpx.stream(
+                "GET", self.url, timeout=_READ_TIMEOUT, follow_redirects=True
+            ) as response:
                 response.raise_for_status()
-            except httpx.HTTPError as error:
-                raise ValueError(f"{self.setting}: cannot fetch {self.url}: {error}") from None
-            document = response.content
-        return parse_key_set(document, source=self.setting)
+                self._refuse_declared_size(response)
+                chunks = []
+                for chunk in response.iter_bytes():
+                    chunks.append(chunk)
+                    self._bounded(chunks, deadline)
+        except httpx.HTTPError as error:
+            raise self._fetch_failed(error) from None
+        return parse_key_set(b"".join(chunks), source=self.setting)
 
     async def aload(self, client: httpx.AsyncClient) -> dict[str, PinnedKey]:
         """``load``, without blocking the event loop on the network."""
         if self.file is not None:
             return self.load()
+        deadline = time.monotonic() + FETCH_TIMEOUT_SECONDS
         try:
-            response = await client.get(self.url, timeout=FETCH_TIMEOUT_SECONDS)
-            response.raise_for_status()
+            async with asyncio.timeout(FETCH_TIMEOUT_SECONDS):
+                async with client.stream("GET", self.url, timeout=_READ_TIMEOUT) as response:
+                    response.raise_for_status()
+                    self._refuse_declared_size(response)
+                    chunks = []
+                    async for chunk in response.aiter_bytes():
+                        chunks.append(chunk)
+                        self._bounded(chunks, deadline)
         except httpx.HTTPError as error:
-            raise ValueError(f"{self.setting}: cannot fetch {self.url}: {error}") from None
-        return parse_key_set(response.content, source=self.setting)
+            raise self._fetch_failed(error) from None
+        except TimeoutError:
+            raise self._too_slow() from None
+        return parse_key_set(b"".join(chunks), source=self.setting)
+
+    def _bounded(self, chunks: list[bytes], deadline: float) -> None:
+        """Stop a fetch as soon as it outgrows a key set, or outlasts its deadline (checked
+        between reads, each bounded by ``_READ_TIMEOUT``: a server that trickles a byte at a
+        time never trips a read's timeout)."""
+        if sum(map(len, chunks)) > MAX_DOCUMENT_BYTES:
+            raise ValueError(
+                f"{self.setting}: cannot fetch {mask_url(self.url)}: the answer is larger than "
+                f"{MAX_DOCUMENT_BYTES} bytes, not a key set (stopped reading it there)"
+            )
+        if time.monotonic() > deadline:
+            raise self._too_slow()
+
+    def _refuse_declared_size(self, response: httpx.Response) -> None:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_DOCUMENT_BYTES:
+            raise ValueError(
+                f"{self.setting}: cannot fetch {mask_url(self.url)}: the answer is larger than "
+                f"{MAX_DOCUMENT_BYTES} bytes, not a key set ({declared} announced; not read)"
+            )
+
+    def _too_slow(self) -> ValueError:
+        return ValueError(
+            f"{self.setting}: cannot fetch {mask_url(self.url)}: no whole answer within "
+            f"{FETCH_TIMEOUT_SECONDS:g} s"
+        )
+
+    def _fetch_failed(self, error: httpx.HTTPError) -> ValueError:
+        if isinstance(error, httpx.HTTPStatusError):  # its text quotes the URL whole
+            detail = f"answered {error.response.status_code} {error.response.reason_phrase}"
+        else:
+            detail = mask_in(str(error) or type(error).__name__, self.url)
+        return ValueError(f"{self.setting}: cannot fetch {mask_url(self.url)}: {detail}")
 
 
 def jwks_source(settings: Settings) -> JwksSource | None:
@@ -155,6 +214,12 @@ def _pinned(member: dict[str, Any], *, where: str) -> PinnedKey:
     kty = KEY_TYPES[alg]
     if member.get("kty") != kty:
         raise ValueError(f'{where}: an {alg} key has "kty": "{kty}", not {member.get("kty")!r}')
+    private = [name for name in PRIVATE_MEMBERS if name in member]
+    if kty != "oct" and private:
+        raise ValueError(
+            f"{where}: holds private key members ({', '.join(private)}): publish only the "
+            "public key (and treat this private key as leaked)"
+        )
     try:
         with quiet_key_sizes():
             key = JWKRegistry.import_key(member)

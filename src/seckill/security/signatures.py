@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from seckill.config import Settings
 from seckill.security.generated import secret_keys
+from seckill.security.signed import MIN_KEY_BYTES
 
 SIGNATURE_HEADER = "Seckill-Signature"
 
@@ -77,8 +78,9 @@ def verify_signature(
 
 def payment_secret(settings: Settings) -> tuple[bytes, ...]:
     """The HMAC keys shared with the payment provider, the signing one first: configured, or
-    one generated once. Raises ``ValueError`` naming the setting for an empty key."""
-    return tuple(key.encode() for key in secret_keys(settings, "payment"))
+    one generated once. Raises ``ValueError`` naming the setting for an empty key or one
+    shorter than ``MIN_KEY_BYTES`` (a short key is guessed offline from one signed notice)."""
+    return tuple(key.encode() for key in secret_keys(settings, "payment", min_bytes=MIN_KEY_BYTES))
 
 
 def _keys(secret: Secret) -> tuple[bytes, ...]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
-from urllib.parse import urlsplit, urlunsplit
 
+from seckill.domain.masking import mask_url
 from seckill.sinks.messages import Message
 
 CONNECT_TIMEOUT_S = 5.0
@@ -124,9 +124,5 @@ def bridge_group(sink: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    address = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{address}"))
+    """The URL without its credentials, for messages and logs (the one rule: ``mask_url``)."""
+    return mask_url(url)
