@@ -508,3 +508,18 @@ async def test_a_key_set_refresh_is_bounded_too() -> None:
             with pytest.raises(ValueError, match="no whole answer within 5 s"):
                 await source.aload(client)
         assert time.monotonic() - started < FETCH_TIMEOUT_SECONDS + 1
+
+
+def test_a_command_that_checks_no_token_does_not_fetch_the_key_set(tmp_path: Path) -> None:
+    """The same list of checks, but an identity provider that is down stops only what checks
+    tokens (config check, the API, the workers at start), never a migration."""
+    variables = {
+        "SECKILL_JWT_JWKS_URL": f"http://127.0.0.1:{free_port()}/jwks.json",
+        "SECKILL_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/shop.db",
+    }
+    refused(run(tmp_path, "config", "check", **variables), says="cannot fetch http://127.0.0.1")
+    migrated = run(tmp_path, "db", "upgrade", **variables)
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    # Its form is checked all the same.
+    variables["SECKILL_JWT_JWKS_URL"] = "ftp://idp/jwks.json"
+    refused(run(tmp_path, "db", "upgrade", **variables), says="SECKILL_JWT_JWKS_URL (ftp://")

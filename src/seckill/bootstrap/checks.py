@@ -23,10 +23,12 @@ JWKS_SCHEMES = ("https", "http")
 BRIDGE_SCHEMES = tuple(sorted(RABBITMQ_SCHEMES | NATS_SCHEMES))
 
 
-def configuration_problems(settings: Settings) -> list[str]:
+def configuration_problems(settings: Settings, *, fetch_key_set: bool = True) -> list[str]:
     """One line per problem (none: the process can start). Reads the files the settings name
-    and, with SECKILL_JWT_JWKS_URL, fetches the key set; generates nothing: a key left unset is
-    checked only where the profile asks for it."""
+    and, with SECKILL_JWT_JWKS_URL and ``fetch_key_set``, fetches the key set (a command that
+    checks no token leaves it at its URL's form: an identity provider that is down must not
+    stop a migration); generates nothing: a key left unset is checked only where the profile
+    asks for it."""
     problems = settings.problems()
     problems.extend(url_problems(settings))
     problems.extend(key_setting_problems(settings))
@@ -38,7 +40,12 @@ def configuration_problems(settings: Settings) -> list[str]:
         checks.append(lambda: ticket_secret(settings))
     if settings.payment_secret:
         checks.append(lambda: payment_secret(settings))
-    if not settings.token_key_problems() and _token_keys_set(settings):
+    fetched = bool(settings.jwt_jwks_url) and settings.jwt_jwks_file is None
+    if (
+        not settings.token_key_problems()
+        and _token_keys_set(settings)
+        and (fetch_key_set or not fetched)
+    ):
         checks.append(lambda: token_codec(settings))
     for check in checks:
         try:

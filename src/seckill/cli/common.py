@@ -42,14 +42,15 @@ def current_settings() -> Settings:
 
 
 @functools.cache
-def checked_settings() -> Settings:
+def checked_settings(*, tokens: bool = True) -> Settings:
     """The settings, once every check of them passed (``configuration_problems``, the list
     `seckill config check` prints): else the command ends with exit 2 and what is wrong, one
-    line per problem, before it creates or connects anything."""
+    line per problem, before it creates or connects anything. Without ``tokens`` (a command
+    that checks none) the key set of SECKILL_JWT_JWKS_URL is not fetched."""
     from seckill.bootstrap.checks import configuration_problems
 
     settings = current_settings()
-    problems = configuration_problems(settings)
+    problems = configuration_problems(settings, fetch_key_set=tokens)
     if problems:
         abort(settings.cannot_start(problems))
     return settings
@@ -149,7 +150,7 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     from seckill.services.items import UnknownItem
     from seckill.store.migrate import NewerSchema
 
-    settings = checked_settings()
+    settings = checked_settings(tokens=False)
 
     async def main() -> T:
         async with open_runtime(settings) as runtime:

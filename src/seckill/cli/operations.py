@@ -113,7 +113,7 @@ def db_upgrade() -> None:
     from seckill.store.migrate import NewerSchema, upgrade
     from seckill.tls import database_ssl_context
 
-    settings = checked_settings()  # the profile's refusal first: no SQLite file made
+    settings = checked_settings(tokens=False)  # the profile's refusal first: no file made
     tls = database_ssl_context(settings)
 
     async def main() -> None:
