@@ -160,6 +160,16 @@ MALFORMED = [
         "SECKILL_JWT_JWKS_FILE: the key set is not JSON",
         id="jwks file not utf-8",
     ),
+    pytest.param(
+        {"SECKILL_JWT_ALGORITHM": "RS256", "SECKILL_JWT_PUBLIC_KEY_FILE": "absent.pem"},
+        "SECKILL_JWT_PUBLIC_KEY_FILE names absent.pem, which cannot be read",
+        id="public key file absent",
+    ),
+    pytest.param(
+        {"SECKILL_JWT_ALGORITHM": "ES256", "SECKILL_JWT_PUBLIC_KEY_FILE": "not-utf8"},
+        "SECKILL_JWT_PUBLIC_KEY_FILE: the ES256 verify key is not a PEM public key",
+        id="public key file not pem",
+    ),
 ]
 
 

@@ -18,7 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from pathlib import Path
+from typing import Any, overload
 
 from cryptography.hazmat.primitives.asymmetric.ec import (
     EllipticCurvePrivateKey,
@@ -388,7 +389,7 @@ def token_codec(settings: Settings) -> TokenCodec:
         return TokenCodec.from_key_set(
             source.load(),
             signing_kid=settings.jwt_signing_kid or None,
-            signing_key=None if private_file is None else private_file.read_bytes(),
+            signing_key=_key_file(private_file, _PRIVATE_KEY_FILE),
             issuer=settings.jwt_issuer,
             audience=settings.jwt_audience,
         )
@@ -405,13 +406,38 @@ def token_codec(settings: Settings) -> TokenCodec:
         raise ValueError(
             f"{settings.jwt_algorithm} needs {ENV_PREFIX}JWT_PUBLIC_KEY_FILE (a PEM public key)"
         )
-    return TokenCodec(
-        algorithm=settings.jwt_algorithm,
-        signing_key=None if private_file is None else private_file.read_bytes(),
-        verify_key=settings.jwt_public_key_file.read_bytes(),
-        issuer=settings.jwt_issuer,
-        audience=settings.jwt_audience,
-    )
+    public_setting = f"{ENV_PREFIX}JWT_PUBLIC_KEY_FILE"
+    try:
+        return TokenCodec(
+            algorithm=settings.jwt_algorithm,
+            signing_key=_key_file(private_file, _PRIVATE_KEY_FILE),
+            verify_key=_key_file(settings.jwt_public_key_file, public_setting),
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+        )
+    except ValueError as error:
+        if str(error).startswith(ENV_PREFIX):
+            raise  # a file that cannot be read, named already
+        named = (
+            public_setting if private_file is None else f"{public_setting} and {_PRIVATE_KEY_FILE}"
+        )
+        raise ValueError(f"{named}: {error}") from None
+
+
+@overload
+def _key_file(path: Path, variable: str) -> bytes: ...
+@overload
+def _key_file(path: None, variable: str) -> None: ...
+def _key_file(path: Path | None, variable: str) -> bytes | None:
+    """The PEM file a setting names, read; ``ValueError`` naming the setting if it cannot be."""
+    if path is None:
+        return None
+    try:
+        return path.read_bytes()
+    except OSError as error:
+        raise ValueError(
+            f"{variable} names {path}, which cannot be read: {error.strerror}"
+        ) from None
 
 
 def _subject_problem(subject: Any, role: Role) -> str | None:
