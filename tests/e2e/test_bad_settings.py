@@ -507,17 +507,20 @@ def test_the_key_set_fetch_is_bounded_in_time_and_size(
 
 
 async def test_a_key_set_refresh_is_bounded_too() -> None:
-    """The running API's refresh (rotation) waited as long as the server trickled."""
+    """The running API's refresh (rotation) waited as long as the server trickled; its warning
+    printed the URL's password."""
     with jwks_server("trickle") as server:
         source = JwksSource(
             setting="SECKILL_JWT_JWKS_URL",
-            url=f"http://127.0.0.1:{server.server_address[1]}/jwks.json",
+            url=f"http://idp:hunter2@127.0.0.1:{server.server_address[1]}/jwks.json",
         )
         started = time.monotonic()
         async with httpx.AsyncClient() as client:
-            with pytest.raises(ValueError, match="no whole answer within 5 s"):
+            with pytest.raises(ValueError, match="no whole answer within 5 s") as refused:
                 await source.aload(client)
         assert time.monotonic() - started < FETCH_TIMEOUT_SECONDS + 1
+    assert "http://idp:***@127.0.0.1:" in str(refused.value)
+    assert "hunter2" not in str(refused.value)
 
 
 def test_a_command_that_checks_no_token_does_not_fetch_the_key_set(tmp_path: Path) -> None:
