@@ -80,7 +80,7 @@ bench-bridge: $(STAMP)  # starts its own redis-server; RabbitMQ and NATS: SECKIL
 soak: $(STAMP)  # a Redis Cluster, NATS and processes of its own; PostgreSQL: SECKILL_TEST_POSTGRES_URL
 	$(BIN)/python -m benchmarks.soak $(BENCH_ARGS)
 
-rehearse-hosts: $(STAMP)  # as root: network namespaces as hosts with a Redis Cluster, a PostgreSQL, APIs and workers of their own
+rehearse-hosts: $(STAMP)  # as root: network namespaces as hosts with a Redis Cluster, a PostgreSQL behind PgBouncer, APIs and workers of their own, started as deploy.md's first deploy
 	$(BIN)/python -m benchmarks.hosts $(BENCH_ARGS)
 
 bench-notices: $(STAMP)  # starts its own redis-server, API and persister; SQLite unless BENCH_ARGS='--database-url URL'

@@ -5,13 +5,20 @@
 The hosts (root only: ``ip netns``), on a private subnet 10.x.y.0/24 behind one Linux bridge that
 lives in a namespace of its own (``sk-<run>-lan``), so nothing is added to the machine's own
 network namespace: ``redis`` (a Redis Cluster of 3 masters with a replica each), ``db`` (a
-PostgreSQL instance of the run's own), ``api1`` and ``api2`` (one ``seckill api`` each),
+PostgreSQL instance of the run's own, at PostgreSQL's default max_connections), ``pgbouncer``
+(PgBouncer with the deployment's settings, ``deploy/k8s/base/pgbouncer.ini``: transaction
+pooling; every seckill process reaches SQL through it, with the database URL's parameters as
+deploy.md writes them), ``api1`` and ``api2`` (one ``seckill api`` each),
 ``workers`` (persister, reaper, reconciler and archiver, each its own ``seckill worker``) and
 ``client`` (the crowd and the verdicts). Every seckill process is started from the command line
 and the plain environment its role has in the Kubernetes manifests (``deploy/k8s/base``,
 rendered with kubectl; ``benchmarks.manifests``), the production profile among them, with the
 rehearsal's own stores, keys, addresses, ports and data directories layered on top, as a host
-of a real deployment would run it.
+of a real deployment would run it. They start in the order of the documented first deploy
+(docs/operations/deploy.md, "The migration, then the rest"; ``benchmarks.deploy_steps``): each
+``kubectl apply -l SELECTOR`` starts the roles its selector takes (PgBouncer and the migration,
+then the rest), ``kubectl rollout status`` waits for a role to be ready, ``kubectl wait`` for the
+migration to complete.
 
 The sale: buyers spread over both APIs (each buyer tries one and, when it gets no answer or a
 503, sends the same request, with the same idempotency key or payment id, to the other); they
@@ -23,11 +30,12 @@ stock is gone; then ``api2`` gets SIGTERM with ``SECKILL_DRAIN_SECONDS=1`` while
 polled.
 
 The verdicts: no oversell, no undersell, no buyer above the limit, every 202 landed in SQL once,
-every `paid` answer still paid, Redis == SQL and the audit passes, every request answered with
-no server error, the surviving API served on after the kill, and /readyz of the draining host
-went 503 before it stopped. Exit code 0 when every verdict passes, 1 when one fails, 3 when
-hosts cannot be built here (not root, no ``ip netns``, no PostgreSQL, redis-server or kubectl:
-the message says which). Every namespace and process of the run is removed at the end, on failure
+every `paid` answer still paid, Redis == SQL and the audit passes, SQL reached through
+PgBouncer within its server pool, every request answered with no server error, the surviving
+API served on after the kill, and /readyz of the draining host went 503 before it stopped.
+Exit code 0 when every verdict passes, 1 when one fails, 3 when hosts cannot be built here
+(not root, no ``ip netns``, no PostgreSQL, PgBouncer, redis-server or kubectl: the message says
+which). Every namespace and process of the run is removed at the end, on failure
 and on Ctrl-C too; a run's namespaces are named ``sk-<run>-<host>``, and ``--clean RUN``
 removes what a run killed outright left behind.
 """
@@ -59,7 +67,15 @@ from rich.table import Table
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from benchmarks.deploy_steps import (
+    as_documented,
+    documented_sequence,
+    selected_components,
+    workload_component,
+)
 from benchmarks.manifests import NoKubectl, Role, k8s_roles, render
+from benchmarks.pooler import NoPgBouncer, PgBouncer, deployed_settings, pooled_url
+from benchmarks.pooler import binary as pgbouncer_binary
 from benchmarks.soak import (
     Buyers,
     Process,
@@ -83,10 +99,19 @@ RUN_NAMESPACE = re.compile(r"sk-([0-9a-f]{6})-[a-z0-9]+")  # sk-<run>-<host>
 NETNS_DIR = Path("/var/run/netns")
 API_PORT = 8000
 SQL_PORT = 5432
+POSTGRES_MAX_CONNECTIONS = 100  # PostgreSQL's default, which capacity.md's budget is sized for
 DATABASE = "seckill"
 DRAIN_SECONDS = 1
 # The last octet of each host's address; workers2 is the worker host's replacement.
-HOSTS = {"redis": 10, "db": 20, "api1": 31, "api2": 32, "workers": 41, "client": 50}
+HOSTS = {
+    "redis": 10,
+    "db": 20,
+    "pgbouncer": 25,
+    "api1": 31,
+    "api2": 32,
+    "workers": 41,
+    "client": 50,
+}
 REPLACEMENT = ("workers2", 42)
 # The worker host's roles, each started from its manifest (deploy/k8s/base), each on a metrics
 # port of its own (one host runs them all). The rehearsal's own flags follow the manifest's
@@ -225,9 +250,9 @@ def free_subnet() -> str:
     raise NoHosts("no free 10.x.y.0/24 subnet")
 
 
-def manifest_roles() -> dict[str, Role]:
+def manifest_roles(documents: list[dict[str, Any]] | None = None) -> dict[str, Role]:
     """Each role as deploy/k8s/base declares it (rendered with kubectl)."""
-    roles = k8s_roles(render())
+    roles = k8s_roles(render() if documents is None else documents)
     missing = {"api", "migration", *WORKERS} - set(roles)
     if missing:
         raise RuntimeError(f"deploy/k8s/base declares no {', '.join(sorted(missing))}")
@@ -252,6 +277,12 @@ def why_no_hosts() -> str | None:
         return "no redis-server on PATH"
     if postgres_bin() is None:
         return "no PostgreSQL server (/usr/lib/postgresql/*/bin/postgres)"
+    try:
+        pgbouncer_binary()
+    except NoPgBouncer as exc:
+        return str(exc)
+    if shutil.which("psql") is None:
+        return "no psql on PATH (PgBouncer's statistics are read with it)"
     try:
         manifest_roles()
     except NoKubectl as exc:
@@ -299,7 +330,7 @@ class Postgres:
             "fsync": "off",
             "synchronous_commit": "off",
             "full_page_writes": "off",
-            "max_connections": "400",
+            "max_connections": str(POSTGRES_MAX_CONNECTIONS),
             "unix_socket_directories": str(self.directory),
         }
         argv = self.as_postgres(
@@ -377,7 +408,14 @@ class Site:
             binary=shutil.which("redis-server"),
         )  # fmt: skip
         self.db = Postgres(network, self.scratch / "db", self.logs / "postgres.log")
-        self.roles = manifest_roles()
+        self.pgbouncer = PgBouncer(
+            self.scratch / "pgbouncer", host=network.address("pgbouncer"),
+            port=int(deployed_settings()["listen_port"]), server_host=network.address("db"),
+            server_port=SQL_PORT, server_user="postgres", launcher=network.exec("pgbouncer"),
+        )  # fmt: skip
+        self.documents = render()
+        self.roles = manifest_roles(self.documents)
+        self.migration: Process | None = None
         self.apis = [self.process(host, "api", "--server", knobs.server)
                      for host in ("api1", "api2")]  # fmt: skip
         self.workers = self.worker_processes("workers")
@@ -416,7 +454,7 @@ class Site:
             "SECKILL_PROFILE": "production",
             "SECKILL_REDIS_URL": f"redis://{self.network.address('redis')}:{node}",
             "SECKILL_REDIS_CLUSTER": "true",
-            "SECKILL_DATABASE_URL": f"{self.db.url}/{DATABASE}",
+            "SECKILL_DATABASE_URL": self.database_url,
             "SECKILL_DATA_DIR": str(self.scratch / host),
             "SECKILL_API_HOST": self.network.address(host),
             "SECKILL_API_PORT": str(API_PORT),
@@ -428,6 +466,14 @@ class Site:
             "SECKILL_LOG_LEVEL": "WARNING",
         }  # fmt: skip
 
+    @property
+    def database_url(self) -> str:
+        """The database through PgBouncer, with the parameters deploy.md's URL has."""
+        through = pooled_url(
+            f"{self.db.url}/{DATABASE}", host=self.pgbouncer.host, port=self.pgbouncer.port
+        )
+        return as_documented(through)
+
     def settings(self) -> Settings:
         """The client host's settings: the same stores and keys."""
         ours = {k: v for k, v in self.env("client").items() if k.startswith("SECKILL_")}
@@ -438,22 +484,83 @@ class Site:
     def api_url(self, host: str) -> str:
         return f"http://{self.network.address(host)}:{API_PORT}"
 
-    async def start(self) -> None:
+    async def start(self, console: Console) -> None:
+        """The stores, then deploy.md's first deploy, command by command."""
         await asyncio.gather(
             asyncio.to_thread(self.cluster.start), asyncio.to_thread(self.db.start)
         )
         await self.db.wait_ready()
-        migration = self.roles["migration"]
-        upgrade = [*self.network.exec("workers"), sys.executable, "-m", "seckill.cli",
-                   *migration.argv]  # fmt: skip
-        done = await asyncio.to_thread(
-            subprocess.run, upgrade, env=self.env("workers", migration), capture_output=True,
-            text=True,
-        )  # fmt: skip
-        if done.returncode:
-            raise RuntimeError(f"seckill db upgrade failed: {done.stdout}{done.stderr}")
-        for p in [*self.apis, *self.workers]:
-            p.start()
+        console.print("the documented deploy (docs/operations/deploy.md, step 3):")
+        for command in documented_sequence():
+            if command.verb == "apply":
+                components = selected_components(self.documents, command.selector)
+                done = [await self.apply(component) for component in components]
+            elif command.verb == "rollout":
+                done = [await self.rolled_out(workload_component(self.documents, command.target))]
+            elif command.verb == "wait":
+                done = [await self.completed(workload_component(self.documents, command.target))]
+            else:
+                done = ["nothing to do on a new site"]
+            console.print(f"  $ {command.line.strip()}\n      {'; '.join(done)}")
+
+    async def apply(self, component: str) -> str:
+        """Start what ``component`` declares on its hosts; what was done."""
+        if component == "pooler":
+            if self.pgbouncer.popen is not None:
+                return "pooler: unchanged"
+            await asyncio.to_thread(self.pgbouncer.start)
+            return f"pooler: PgBouncer on {self.pgbouncer.host}:{self.pgbouncer.port}"
+        if component == "migration":
+            migration = self.roles["migration"]
+            argv = [*self.network.exec("workers"), sys.executable, "-m", "seckill.cli",
+                    *migration.argv]  # fmt: skip
+            self.migration = Process("migration", argv, lambda: self.env("workers", migration),
+                                     self.logs / "migration.log")  # fmt: skip
+            self.migration.start()
+            return "migration: seckill db upgrade started on workers"
+        if component == "api":
+            for p in self.apis:
+                p.start()
+            return "api: api1, api2"
+        if component in WORKERS:
+            for p in self.workers:
+                if p.name.endswith(f"-{component}"):
+                    p.start()
+            return f"{component}: on workers"
+        return f"{component}: not run on these hosts"
+
+    async def rolled_out(self, component: str) -> str:
+        """Wait for ``component``'s processes to answer as ready."""
+        if component == "pooler":
+            await asyncio.to_thread(self.pgbouncer.admin, "SHOW VERSION")
+            return "PgBouncer answers"
+        if component == "api":
+            give_up = time.monotonic() + 60
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+                for host in ("api1", "api2"):
+                    while True:
+                        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                            async with session.get(self.api_url(host) + "/readyz") as answer:
+                                if answer.status == 200:
+                                    break
+                        if time.monotonic() > give_up:
+                            raise RuntimeError(f"{host}: /readyz not 200 within 60 s")
+                        await asyncio.sleep(0.1)
+            return "api1 and api2 ready (/readyz 200)"
+        return f"{component}: nothing to wait for"
+
+    async def completed(self, component: str) -> str:
+        """Wait for the migration to exit; it must succeed."""
+        if component != "migration" or self.migration is None:
+            raise RuntimeError(f"deploy.md waits for {component}, which was never applied")
+        popen = self.migration.popen
+        assert popen is not None
+        code = await asyncio.to_thread(popen.wait, 300)
+        if code:
+            raise RuntimeError(
+                f"seckill db upgrade exited {code}: {self.migration.log.read_text()[-3000:]}"
+            )
+        return "migration complete (exit 0)"
 
     def kill_host(self, host: str) -> int:
         """SIGKILL to every process on ``host``; how many there were."""
@@ -481,6 +588,7 @@ class Site:
     def stop(self) -> None:
         for p in self.processes:
             p.stop()
+        self.pgbouncer.stop()
         self.cluster.stop()
         self.db.stop()
 
@@ -609,11 +717,12 @@ async def conduct(plan: Plan, console: Console) -> bool:
     )
     try:
         started = time.monotonic()
-        await site.start()
+        await site.start(console)
         console.print(
             f"started in {time.monotonic() - started:.1f} s: Redis Cluster "
             f"{network.address('redis')}:{site.cluster.ports} (3 masters, a replica each), "
-            f"PostgreSQL {network.address('db')}:{SQL_PORT}, {knobs.server} on api1 and api2, "
+            f"PostgreSQL {network.address('db')}:{SQL_PORT} behind PgBouncer "
+            f"{site.pgbouncer.host}:{site.pgbouncer.port}, {knobs.server} on api1 and api2, "
             f"{', '.join(WORKERS)} on workers"
         )
         return await sale(site, knobs, console)
@@ -642,6 +751,8 @@ async def sale(site: Site, knobs: Knobs, console: Console) -> bool:
             f"holds of {knobs.hold_seconds} s"
         )
         done = Faults()
+        pool = PoolWatch(site.pgbouncer)
+        watching = asyncio.create_task(pool.watch())
         await asyncio.gather(
             faults(site, knobs, record, done, console),
             buyers.arrive(knobs.rate, lambda: record.buyers >= knobs.buyers, "buyer-"),
@@ -656,6 +767,8 @@ async def sale(site: Site, knobs: Knobs, console: Console) -> bool:
         server_checks = audited.body.get("checks") if audited.status == 200 else None
         drained = await drain(site, clients[1], console)
     found = await verdicts(settings, item_id, knobs, record, clients, done, drained, server_checks)
+    watching.cancel()
+    found.append(await pool.verdict())
     console.print(f"final answers: {dict(record.outcomes.most_common())}")
     unavailable = Counter(outcome for _, outcome in record.unavailable)
     console.print(f"503s and no answers, retried on the other API: {dict(unavailable)}")
@@ -663,6 +776,42 @@ async def sale(site: Site, knobs: Knobs, console: Console) -> bool:
 
 
 # -- the verdicts ----------------------------------------------------------------------------
+
+
+class PoolWatch:
+    """PgBouncer's pool for the sale's database, sampled through the sale: the most server
+    and client connections seen at once."""
+
+    SERVER = ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login")
+    CLIENT = ("cl_active", "cl_waiting")
+
+    def __init__(self, pgbouncer: PgBouncer) -> None:
+        self.pgbouncer = pgbouncer
+        self.servers = self.clients = 0
+
+    async def sample(self) -> None:
+        pools = await asyncio.to_thread(self.pgbouncer.admin, "SHOW POOLS")
+        mine = [row for row in pools if row["database"] == DATABASE]
+        self.servers = max(self.servers, sum(int(r[k]) for r in mine for k in self.SERVER))
+        self.clients = max(self.clients, sum(int(r[k]) for r in mine for k in self.CLIENT))
+
+    async def watch(self) -> None:
+        while True:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                await self.sample()
+            await asyncio.sleep(0.5)
+
+    async def verdict(self) -> Verdict:
+        await self.sample()
+        stats = await asyncio.to_thread(self.pgbouncer.admin, "SHOW STATS")
+        carried = sum(int(r["total_xact_count"]) for r in stats if r["database"] == DATABASE)
+        limit = int(self.pgbouncer.settings()["max_db_connections"])
+        return Verdict(
+            "SQL through PgBouncer", carried > 0 and 0 < self.servers <= limit,
+            f"{carried} transactions carried; at most {self.servers} server connections "
+            f"(max_db_connections {limit}; PostgreSQL max_connections "
+            f"{POSTGRES_MAX_CONNECTIONS}) for up to {self.clients} client connections",
+        )  # fmt: skip
 
 
 async def verdicts(

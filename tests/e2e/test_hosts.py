@@ -1,5 +1,6 @@
 """The hosts rehearsal's smaller run (``python -m benchmarks.hosts --small``): a sale across
-network namespaces (Redis, PostgreSQL, two APIs, a worker host replaced, a client) with an API
+network namespaces (Redis, PostgreSQL behind PgBouncer, two APIs, a worker host replaced, a
+client), started in deploy.md's order of the first deploy, with an API
 host killed mid-sale, and every verdict must pass. ``make rehearse-hosts`` runs a larger one.
 Where hosts cannot be built (not root, no ``ip netns``) the rehearsal says why and the test
 skips with that reason."""
@@ -25,6 +26,7 @@ VERDICTS = (
     "every 202 landed in SQL once",
     "every paid answer still paid",
     "Redis == SQL, the audit passes",
+    "SQL through PgBouncer",
     "every request answered, no server error",
     "the surviving API served on",
     "/readyz 503 before the host stopped",
