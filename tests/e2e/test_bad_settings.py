@@ -265,7 +265,17 @@ async def test_a_database_that_refuses_tls_is_one_line_not_an_outage(
     nothing_created(tmp_path)
 
 
-@pytest.mark.parametrize("command", [("worker", "reaper"), ("api", "--port", "0")])
+@pytest.mark.parametrize(
+    "command",
+    [
+        *(("worker", kind) for kind in ("persister", "reaper", "reconciler", "archiver", "inlet")),
+        ("worker", "bridge", "--to", "nats://127.0.0.1:1"),
+        ("api", "--port", "0"),
+        ("api", "--workers", "2", "--port", "0"),  # its metrics directory not made either
+        ("serve", "--port", "0"),
+    ],
+    ids=" ".join,
+)
 def test_a_process_started_with_redis_down_waits_a_bounded_time_then_says_so(
     tmp_path: Path, command: tuple[str, ...]
 ) -> None:

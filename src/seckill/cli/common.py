@@ -95,7 +95,7 @@ def overridden(settings: Settings, **flags: object) -> Settings:
 
 def start_process(*, processes: int = 1) -> Settings:
     """Set up a server or worker process once: its settings checked (``checked_settings``),
-    its metrics directory, its logs, then Redis waited for (``_wait_for_redis``).
+    its logs, Redis waited for (``_wait_for_redis``), then its metrics directory.
 
     With SECKILL_METRICS_DIR, this process writes its metrics into files there, which every
     process of the deployment shares. prometheus_client picks its mode when first imported, so
@@ -104,6 +104,8 @@ def start_process(*, processes: int = 1) -> Settings:
     from seckill.observability.logs import configure_logging
 
     settings = checked_settings()  # before anything starts: nothing half-running
+    configure_logging(settings.log_format, settings.log_level)
+    _wait_for_redis(settings)  # before anything is made (its import leaves out prometheus)
     path = settings.metrics_dir
     if path is None and processes > 1:
         # The API's own processes still add up: a directory of its own, emptied at start.
@@ -116,8 +118,6 @@ def start_process(*, processes: int = 1) -> Settings:
             )
         path.mkdir(parents=True, exist_ok=True)
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(path.resolve())
-    configure_logging(settings.log_format, settings.log_level)
-    _wait_for_redis(settings)
     return settings
 
 
@@ -125,7 +125,7 @@ def _wait_for_redis(settings: Settings) -> None:
     """A server or worker started while Redis does not answer waits for it a few seconds
     (SECKILL_REDIS_START_WAIT_SECONDS), then stops in one line: checked once here, before any
     process is forked, so no supervisor respawns workers that cannot start."""
-    from seckill.bootstrap.runtime import RedisUnavailable, wait_for_redis
+    from seckill.bootstrap.startup import RedisUnavailable, wait_for_redis
 
     try:
         asyncio.run(wait_for_redis(settings))
