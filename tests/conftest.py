@@ -177,18 +177,19 @@ FREE = Money(0, "USD")
 
 
 async def pay(
-    engine: RedisEngine, item_id: int, order_id: int, payment_id: str | None = None
+    engine: RedisEngine,
+    item_id: int,
+    order_id: int,
+    payment_id: str | None = None,
+    *,
+    price: Money = FREE,
 ) -> PaymentSettlement:
-    """The provider's success notice for an order: paid with its own payment id (``pay-<order
-    id>``) unless one is given."""
+    """The provider's success notice for an order of one unit at ``price``: paid with its own
+    payment id (``pay-<order id>``) unless one is given."""
     return await engine.settle_payment(
-        item_id,
-        order_id,
-        payment_id=payment_id or f"pay-{order_id}",
-        succeeded=True,
-        charged=FREE,
-        unit_price=FREE,
-    )
+        item_id, order_id, payment_id=payment_id or f"pay-{order_id}", succeeded=True,
+        charged=price, unit_price=price,
+    )  # fmt: skip
 
 
 def open_item(

@@ -33,9 +33,10 @@ async def test_an_item_reads_as_recorded_with_live_available(api: Api) -> None:
     assert {
         k: v for k, v in body.items() if k not in {"starts_at", "ends_at"}
     } == {
-        "item_id": item_id, "name": "Test phone", "price_cents": 19_900, "total": 5,
-        "per_buyer_limit": 2, "hold_seconds": 90, "stock_shards": 1, "waiting_room": False,
-        "queue_admit_per_second": None, "queue_open_seconds": None, "available": 5,
+        "item_id": item_id, "name": "Test phone", "price_cents": 19_900, "currency": "USD",
+        "total": 5, "per_buyer_limit": 2, "hold_seconds": 90, "stock_shards": 1,
+        "waiting_room": False, "queue_admit_per_second": None, "queue_open_seconds": None,
+        "available": 5,
     }  # fmt: skip
     assert datetime.fromisoformat(body["starts_at"]) == record.starts_at
     assert datetime.fromisoformat(body["ends_at"]) == record.ends_at

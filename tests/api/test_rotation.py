@@ -71,6 +71,8 @@ async def test_what_was_signed_before_the_switch_works_after_it_until_the_old_ke
             "item_id": item_id,
             "order_id": bob_order,
             "status": "succeeded",
+            "amount": 19_900,  # the item's price (the test API's), one unit
+            "currency": "USD",
         }
         # The provider signs a notice with the old key; it arrives after the switch.
         late_notice = api.signed(notice, secret=OLD)

@@ -27,7 +27,8 @@ async def restore_item(ledger: Ledger, item_id: int, item: NewItem) -> None:
     async with ledger.engine.begin() as conn:
         await conn.execute(
             insert(Item).values(
-                id=item_id, name=item.name, price_cents=item.price_cents, total=item.total,
+                id=item_id, name=item.name, price_cents=item.price_cents, currency=item.currency,
+                total=item.total,
                 starts_at=item.starts_at, ends_at=item.ends_at,
                 per_buyer_limit=item.per_buyer_limit, hold_seconds=item.hold_seconds,
                 created_at=item.starts_at,

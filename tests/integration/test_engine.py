@@ -14,7 +14,7 @@ from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.audit import audit_item
 from seckill.engine.engine import RedisEngine
-from tests.conftest import ManualClock, open_item, pay
+from tests.conftest import FREE, ManualClock, open_item, pay
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 
@@ -122,7 +122,10 @@ async def test_release_returns_stock_once_and_a_payment_after_it_is_refunded(
 
 async def test_unknown_orders(engine: RedisEngine) -> None:
     await engine.load_item(open_item())
-    assert (await pay(engine, 1, 12345)).outcome is Outcome.UNKNOWN_ORDER
+    failed = await engine.settle_payment(
+        1, 12345, payment_id="p", succeeded=False, charged=FREE, unit_price=FREE
+    )
+    assert failed.outcome is Outcome.UNKNOWN_ORDER  # a charge for one is a refund owed
     assert (
         await engine.release(1, 12345, ReleaseReason.CANCELLED)
     ).outcome is Outcome.UNKNOWN_ORDER

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from sqlalchemy import insert, select
 
 from seckill.domain.events import ReleaseReason
+from seckill.domain.money import Money
 from seckill.domain.orders import OrderStatus
 from seckill.engine.audit import audit_item
 from seckill.services.reconcile.drift import Drift
@@ -19,6 +20,8 @@ from seckill.store.tables import Order, Refund
 from tests.conftest import pay
 from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_pipeline import sale as sale  # the fixture: an item on sale
+
+PRICE = Money(999, "USD")  # tests.conftest.new_item's, for one unit
 
 
 def reconciler(sale: Sale) -> Reconciler:
@@ -38,13 +41,13 @@ async def charged(sale: Sale) -> dict[str, int]:
     ids = [await sale.buy(f"b{n}") for n in range(4)]
     assert all(ids)
     paid, doubled, cancelled, _ = (i for i in ids if i is not None)
-    await pay(sale.engine, sale.item_id, paid, "p-paid")
-    await pay(sale.engine, sale.item_id, doubled, "p-first")
+    await pay(sale.engine, sale.item_id, paid, "p-paid", price=PRICE)
+    await pay(sale.engine, sale.item_id, doubled, "p-first", price=PRICE)
     for _ in range(3):  # the second charge, and the provider's retries of it
-        await pay(sale.engine, sale.item_id, doubled, "p-second")
+        await pay(sale.engine, sale.item_id, doubled, "p-second", price=PRICE)
     await sale.engine.release(sale.item_id, cancelled, ReleaseReason.CANCELLED)
     for payment_id in ("p-late-1", "p-late-2", "p-late-1"):
-        await pay(sale.engine, sale.item_id, cancelled, payment_id)
+        await pay(sale.engine, sale.item_id, cancelled, payment_id, price=PRICE)
     return {"paid": paid, "doubled": doubled, "cancelled": cancelled}
 
 
@@ -58,17 +61,16 @@ async def test_every_charge_lands_as_a_sale_or_one_refund_owed(sale: Sale) -> No
         )
         paid_by = {row.id: row.payment_id for row in rows}
         owed = {
-            r.payment_id: (r.order_id, r.reason, r.amount_cents, r.refunded_at)
+            r.payment_id: (r.order_id, r.reason, Money(r.amount_cents, r.currency), r.refunded_at)
             for r in await conn.execute(select(Refund).where(Refund.item_id == sale.item_id))
         }
     assert paid_by[orders["paid"]] == "p-paid"
     assert paid_by[orders["doubled"]] == "p-first"
     assert paid_by[orders["cancelled"]] is None
-    price = 999  # tests.conftest.new_item
     assert owed == {
-        "p-second": (orders["doubled"], "duplicate_charge", price, None),
-        "p-late-1": (orders["cancelled"], "cancelled", price, None),
-        "p-late-2": (orders["cancelled"], "cancelled", price, None),
+        "p-second": (orders["doubled"], "duplicate_charge", PRICE, None),
+        "p-late-1": (orders["cancelled"], "cancelled", PRICE, None),
+        "p-late-2": (orders["cancelled"], "cancelled", PRICE, None),
     }
     landed = await sale.ledger.order(orders["cancelled"])
     assert landed is not None and landed.status is OrderStatus.REFUND_REQUIRED
@@ -118,7 +120,8 @@ async def test_a_payment_id_planted_on_two_orders_is_found_and_named(sale: Sale)
         await conn.execute(
             insert(Refund).values(
                 item_id=sale.item_id, payment_id="p-paid", order_id=orders["cancelled"],
-                buyer="b2", quantity=1, amount_cents=999, reason="cancelled", shard=0,
+                buyer="b2", quantity=1, amount_cents=999, currency="USD", reason="cancelled",
+                shard=0,
                 event_id="1-1", owed_at=datetime.now(UTC),
             )
         )  # fmt: skip

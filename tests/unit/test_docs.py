@@ -19,7 +19,8 @@ LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
 def anchors(page: Path) -> set[str]:
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)  # no headings in code
     titles = re.findall(r"^#+ (.*)", text, flags=re.M)
-    return {re.sub(r"[^a-z0-9 -]", "", t.lower()).replace(" ", "-") for t in titles}
+    # As GitHub makes them: lower case, spaces to hyphens, only letters, digits, - and _ kept.
+    return {re.sub(r"[^a-z0-9 _-]", "", t.lower()).replace(" ", "-") for t in titles}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))

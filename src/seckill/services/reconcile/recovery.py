@@ -275,7 +275,10 @@ def _entry_fields(
             return encode_order_event(event(reason=why))
         case EventKind.REFUND_REQUIRED if refund is not None:
             owed = RefundReason(refund.reason)
-            return encode_order_event(event(reason=owed, payment_id=refund.payment_id))
+            return encode_order_event(
+                event(reason=owed, payment_id=refund.payment_id, amount_cents=refund.amount_cents,
+                      currency=refund.currency)
+            )  # fmt: skip
     return None
 
 

@@ -21,7 +21,7 @@ down_revision = "0011"
 branch_labels = None
 depends_on = None
 
-REASONS = ("stock_flow", "refunds", "payments")
+REASONS = {"stock_flow": True, "refunds": False, "payments": True}  # table -> reason nullable
 
 
 def upgrade() -> None:
@@ -47,18 +47,24 @@ def upgrade() -> None:
     with op.batch_alter_table("payments") as batch_op:
         batch_op.add_column(sa.Column("amount_cents", sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column("currency", sa.String(length=3), nullable=True))
-    for table in REASONS:
+    for table, nullable in REASONS.items():
         with op.batch_alter_table(table) as batch_op:
             batch_op.alter_column(
-                "reason", type_=sa.String(32), existing_type=sa.String(16), existing_nullable=True
+                "reason",
+                type_=sa.String(32),
+                existing_type=sa.String(16),
+                existing_nullable=nullable,
             )
 
 
 def downgrade() -> None:
-    for table in REASONS:
+    for table, nullable in REASONS.items():
         with op.batch_alter_table(table) as batch_op:
             batch_op.alter_column(
-                "reason", type_=sa.String(16), existing_type=sa.String(32), existing_nullable=True
+                "reason",
+                type_=sa.String(16),
+                existing_type=sa.String(32),
+                existing_nullable=nullable,
             )
     with op.batch_alter_table("payments") as batch_op:
         batch_op.drop_column("currency")
