@@ -19,6 +19,7 @@
   var chosenLetters = {};  // dead letter id -> true, kept across refreshes
 
   var $ = seckillPage.$, setText = seckillPage.setText, status = seckillPage.status;
+  var money = seckillPage.money;
 
   function element(tag, text, className) {
     var el = document.createElement(tag);
@@ -45,12 +46,6 @@
   }
 
   // A sum in minor units of an ISO 4217 currency, in its own decimals: "19.99 EUR", "1999 JPY".
-  function money(cents, currency) {
-    var digits = new Intl.NumberFormat("en", { style: "currency", currency: currency })
-      .resolvedOptions().maximumFractionDigits;
-    return (cents / Math.pow(10, digits)).toFixed(digits) + " " + currency;
-  }
-
   function reasons(unsettled) {
     return unsettled.map(function (h) { return h.reason + ": " + h.detail; }).join("; ");
   }

@@ -243,15 +243,9 @@
   // across currencies.
   function money(amounts) {
     var shown = Object.keys(amounts).sort().filter(function (c) { return amounts[c]; });
-    return shown.length ? " (" + shown.map(function (c) { return sum(amounts[c], c); })
-      .join(", ") + ")" : "";
-  }
-
-  // A sum in minor units of an ISO 4217 currency, in its own decimals: "19.99 EUR", "1999 JPY".
-  function sum(cents, currency) {
-    var digits = new Intl.NumberFormat("en", { style: "currency", currency: currency })
-      .resolvedOptions().maximumFractionDigits;
-    return (cents / Math.pow(10, digits)).toFixed(digits) + " " + currency;
+    return shown.length ? " (" + shown.map(function (c) {
+      return seckillPage.money(amounts[c], c);
+    }).join(", ") + ")" : "";
   }
 
   function showWorkers(data, now, updated) {

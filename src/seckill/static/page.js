@@ -61,7 +61,15 @@ var seckillPage = (function () {
     };
   }
 
+  // A sum in minor units of an ISO 4217 currency, in its own decimals: "19.99 EUR", "1999 JPY".
+  function money(cents, currency) {
+    var digits = new Intl.NumberFormat("en", { style: "currency", currency: currency })
+      .resolvedOptions().maximumFractionDigits;
+    return (cents / Math.pow(10, digits)).toFixed(digits) + " " + currency;
+  }
+
   return {
     $: $, setText: setText, status: status, fragmentToken: fragmentToken, adminToken: adminToken,
+    money: money,
   };
 })();

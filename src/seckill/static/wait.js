@@ -298,7 +298,7 @@
       var item = answer.body;
       document.title = item.name + " - waiting room";
       setText($("item-name"), item.name);
-      setText($("item-details"), "Price " + (item.price_cents / 100).toFixed(2) +
+      setText($("item-details"), "Price " + seckillPage.money(item.price_cents, item.currency) +
               ", at most " + item.per_buyer_limit + " per buyer");
     }, function () {
       setText($("item-name"), "Item " + ITEM);
