@@ -218,9 +218,11 @@ class Settings(BaseSettings):
         None,
         ge=0,
         le=65535,
-        description="`seckill worker ...` serves /metrics and /livez on this port (0: one "
-        "picked, and logged; --metrics-port overrides it). Unset: no listener. The API serves "
-        "both on its own port, so `seckill serve` and `seckill api` ignore it.",
+        description="Where /metrics and /livez are served, apart from the API's public port "
+        "(0: one picked, and logged). A worker (`--metrics-port` overrides it) serves them "
+        "there only; the API (`seckill api`, `seckill serve`) then answers /metrics on that "
+        "port alone, every process of it sharing the port. Unset: a worker has no listener and "
+        "the API serves /metrics on its own port.",
     )
     metrics_host: str = Field(
         "127.0.0.1",

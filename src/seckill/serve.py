@@ -41,7 +41,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +59,8 @@ from seckill.workers.persister import PersisterConfig
 
 if TYPE_CHECKING:
     from granian.server.common import AbstractServer
+
+    from seckill.api.worker_http import QuietServer
 
 log = logging.getLogger(__name__)
 
@@ -78,14 +80,6 @@ def listening_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, minus its own signal handling: the stop event below owns SIGTERM and SIGINT."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 async def run(
@@ -140,10 +134,12 @@ async def run(
         log.info("stopped")
 
 
-def _serving(app: Any, sock: socket.socket, tasks: list[asyncio.Task[None]]) -> _Server:
+def _serving(app: Any, sock: socket.socket, tasks: list[asyncio.Task[None]]) -> QuietServer:
     """uvicorn serving ``app`` on ``sock`` in this loop, its task added to ``tasks``."""
+    from seckill.api.worker_http import QuietServer
+
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    server = _Server(config)
+    server = QuietServer(config)
     tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
     return server
 

@@ -123,21 +123,19 @@ def option(argv: tuple[str, ...], name: str) -> str | None:
     return None
 
 
-def listening_port(role: Role) -> int | None:
-    """The port the process listens on, as the CLI and the settings decide; None: none."""
+def listening_ports(role: Role) -> dict[int, str]:
+    """The ports the process listens on, as the CLI and the settings decide, and what each
+    serves: the API app (``api``), or the metrics listener (``worker``: a worker's, and the
+    API's when SECKILL_METRICS_PORT is set)."""
+    metrics = role.env.get("SECKILL_METRICS_PORT")
     if role.argv[:1] == ("api",) or role.argv[:1] == ("serve",):
         given = option(role.argv, "--port") or role.env.get("SECKILL_API_PORT")
-        return int(given) if given else Settings.model_fields["api_port"].default
+        ports = {int(given) if given else Settings.model_fields["api_port"].default: "api"}
+        return ports | ({int(metrics): "worker"} if metrics else {})
     if role.argv[:1] == ("worker",):
-        given = option(role.argv, "--metrics-port") or role.env.get("SECKILL_METRICS_PORT")
-        return int(given) if given else None
-    return None
-
-
-def app_of(role: Role) -> str | None:
-    if role.argv[:1] in (("api",), ("serve",)):
-        return "api"
-    return "worker" if role.argv[:1] == ("worker",) else None
+        given = option(role.argv, "--metrics-port") or metrics
+        return {int(given): "worker"} if given else {}
+    return {}
 
 
 def problems(roles: dict[str, Role]) -> list[str]:
@@ -157,19 +155,22 @@ def problems(roles: dict[str, Role]) -> list[str]:
             found.append(f"{where}: no command line")
         elif (why := parses(role.argv)) is not None:
             found.append(f"{where}: seckill {' '.join(role.argv)} does not parse: {why}")
-        port = listening_port(role)
+        ports = listening_ports(role)
+        listens = ", ".join(map(str, sorted(ports))) or "no port"
         for declared in role.ports:
-            if declared != port:
-                found.append(f"{where}: port {declared} declared, the process listens on {port}")
+            if declared not in ports:
+                found.append(f"{where}: port {declared} declared, the process listens on {listens}")
         for path, probe_port in role.probes:
-            app = app_of(role)
-            if app is None or not serves(app, path):
+            app = ports.get(probe_port)
+            if app is None:
+                found.append(
+                    f"{where}: probe on port {probe_port}, the process listens on {listens}"
+                )
+            elif not serves(app, path):
                 found.append(f"{where}: probe path {path} is not served by the {app} app")
-            if probe_port != port:
-                found.append(f"{where}: probe on port {probe_port}, the process listens on {port}")
-        if port is not None:
-            host = "SECKILL_API_HOST" if role.argv[0] != "worker" else "SECKILL_METRICS_HOST"
-            if role.env.get(host) != "0.0.0.0" and (role.ports or role.probes):
+        for app in set(ports.values()) if role.ports or role.probes else ():
+            host = "SECKILL_API_HOST" if app == "api" else "SECKILL_METRICS_HOST"
+            if role.env.get(host) != "0.0.0.0":
                 found.append(f"{where}: {host} is not 0.0.0.0: probes and scrapes cannot reach it")
     return found
 
@@ -872,7 +873,7 @@ def admits(rule: dict[str, Any], source: dict[str, str], name: str, number: int)
 def test_buyers_reach_the_api_port_only_and_monitoring_the_metrics_ports() -> None:
     documents = rendered(K8S_BASE)
     assert reachable(documents, BUYERS) == {("api", 8000)}
-    assert reachable(documents, MONITORING) == {("api", 8000)} | {
+    assert reachable(documents, MONITORING) == {("api", 8000), ("api", 9100)} | {
         (name, 9100) for name in WORKER_ROLES
     }
     # The metrics policy open to every source: a buyer reaches every worker's metrics.

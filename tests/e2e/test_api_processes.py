@@ -1,6 +1,7 @@
 """`seckill api --workers N`: several processes on one port, one Redis; ids never collide,
 metrics add up across them, and SIGTERM stops every one. Under either server; granian, whose
-supervisor forks even one worker, with one process too."""
+supervisor forks even one worker, with one process too. With SECKILL_METRICS_PORT, /metrics is
+served on that port alone (every process sharing it), not on the buyers' port."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ from redis.asyncio import Redis
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials
 from seckill.redis_server import RedisServer
+from tests.e2e.test_serve import free_port
 
 pytestmark = pytest.mark.redis_variants("redis7")
 
 BUYERS = 40
 
 
-async def sell(url: str, data_dir: Path, processes: int) -> tuple[set[str], set[int], str]:
+async def sell(
+    url: str, data_dir: Path, processes: int, metrics_url: str
+) -> tuple[set[str], set[int], str]:
     """Sell BUYERS units, each over a new connection; the order ids, the API pids seen (until
     ``processes`` of them answered), and the metrics text of one process."""
     credentials = Credentials.from_settings(Settings(data_dir=data_dir))
@@ -67,7 +71,8 @@ async def sell(url: str, data_dir: Path, processes: int) -> tuple[set[str], set[
         found = re.search(r"pid (\d+)", seen.body["server"])
         assert found is not None
         pids.add(int(found.group(1)))
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as scraped:
+    async with aiohttp.ClientSession() as http, http.get(f"{metrics_url}/metrics") as scraped:
+        assert scraped.status == 200
         metrics = await scraped.text()
     return {order for order, _ in answers}, pids, metrics
 
@@ -87,12 +92,25 @@ def api_url(log_path: Path, processes: int) -> str | None:
     return found.group(1) if found else None
 
 
-@pytest.mark.parametrize(("server", "processes"), [("uvicorn", 2), ("granian", 2), ("granian", 1)])
+@pytest.mark.parametrize(
+    ("server", "processes", "metrics_port"),
+    [("uvicorn", 2, False), ("granian", 2, True), ("granian", 1, False)],
+)
 def test_api_processes_share_one_port(
-    redis_server: RedisServer, redis: Redis, tmp_path: Path, server: str, processes: int
+    redis_server: RedisServer,
+    redis: Redis,
+    tmp_path: Path,
+    server: str,
+    processes: int,
+    metrics_port: bool,
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SECKILL_")}
     env |= {"SECKILL_REDIS_URL": redis_server.url, "SECKILL_DATA_DIR": str(tmp_path)}
+    metrics_url = None
+    if metrics_port:
+        port = free_port()
+        env["SECKILL_METRICS_PORT"] = str(port)
+        metrics_url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "api.log"
     argv = ["api", "--server", server, "--workers", str(processes), "--port", "0"]
     with log_path.open("wb") as log:
@@ -107,7 +125,10 @@ def test_api_processes_share_one_port(
             assert api.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
         assert not url.endswith(":0"), url
-        orders, pids, metrics = asyncio.run(sell(url, tmp_path, processes))
+        orders, pids, metrics = asyncio.run(sell(url, tmp_path, processes, metrics_url or url))
+        if metrics_url is not None:  # off the buyers' port; liveness beside the metrics
+            assert not answering(f"{url}/metrics")
+            assert answering(f"{metrics_url}/livez")
 
         assert len(orders) == BUYERS  # a leased worker id per process: no id twice
         assert len(pids) == processes, pids  # every process answered

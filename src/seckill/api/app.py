@@ -30,9 +30,10 @@ from seckill.api.drain import Drain
 from seckill.api.errors import install_error_handlers
 from seckill.api.lean_routes import LeanRoutes
 from seckill.api.limits import BodySizeLimit
-from seckill.api.metrics import HttpMetrics
+from seckill.api.metrics import HttpMetrics, refresh_stream_gauges_logged
 from seckill.api.query_strings import query_once
 from seckill.api.request_ids import RequestIds
+from seckill.api.worker_http import metrics_listener
 from seckill.bootstrap.runtime import Runtime, open_runtime, settle_heap
 from seckill.bootstrap.services import build_context
 from seckill.config import Settings
@@ -114,6 +115,15 @@ def create_app(
             lean_routes.context = app.state.context
             # A key set the tokens are checked with is loaded again in the background.
             await stack.enter_async_context(refreshing(app.state.context.tokens, settings))
+            if settings.metrics_port is not None:  # /metrics off the public port
+                engine = active.engine
+                await stack.enter_async_context(
+                    metrics_listener(
+                        settings.metrics_host,
+                        settings.metrics_port,
+                        lambda: refresh_stream_gauges_logged(engine),
+                    )
+                )
             yield
 
     lean_routes = LeanRoutes(
@@ -131,11 +141,13 @@ def create_app(
     app.state.drain = drain or Drain()
     install_error_handlers(app)
     routers = (
-        buyers, tickets, queue, admin, drift, refunds, dead_letters, payments, health, metrics,
+        buyers, tickets, queue, admin, drift, refunds, dead_letters, payments, health,
         dashboard, console, waiting_page,
     )  # fmt: skip
     for module in routers:
         app.include_router(module.router)
+    if settings.metrics_port is None:  # else served by the metrics listener, on its own port
+        app.include_router(metrics.router)
     # The other routes' layers; the lean routes do the same for themselves.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIds)

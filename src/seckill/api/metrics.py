@@ -19,6 +19,7 @@ from seckill.api.paths import PURCHASE_PATH, PURCHASE_ROUTE
 from seckill.bootstrap.services import Context
 from seckill.domain.outcomes import Outcome
 from seckill.engine.cluster import REDIS_FAILED
+from seckill.engine.engine import RedisEngine
 from seckill.engine.streams import refresh_stream_gauges
 from seckill.observability import metrics
 
@@ -32,12 +33,19 @@ _MAX_ERROR_BODY = 4096  # our error bodies are small; anything longer is not one
 
 @router.get("/metrics", include_in_schema=False)
 async def scrape(ctx: Annotated[Context, Depends(context)]) -> Response:
-    """Every metric in Prometheus's text format, the stream gauges read from Redis now."""
-    try:
-        await refresh_stream_gauges(ctx.runtime.engine)
-    except REDIS_FAILED as exc:  # the rest is still worth a scrape; the gauges keep their last
-        log.warning("stream gauges not refreshed: %s", exc)
+    """Every metric in Prometheus's text format, the stream gauges read from Redis now (served
+    here only without SECKILL_METRICS_PORT; with it, on that port: ``api.worker_http``)."""
+    await refresh_stream_gauges_logged(ctx.runtime.engine)
     return Response(metrics.exposition(), media_type=metrics.EXPOSITION_CONTENT_TYPE)
+
+
+async def refresh_stream_gauges_logged(engine: RedisEngine) -> None:
+    """The stream gauges read from Redis now; if Redis fails, the rest is still worth a
+    scrape (the gauges keep their last values)."""
+    try:
+        await refresh_stream_gauges(engine)
+    except REDIS_FAILED as exc:
+        log.warning("stream gauges not refreshed: %s", exc)
 
 
 class HttpMetrics:

@@ -1,14 +1,25 @@
-"""What a worker process serves over HTTP (``seckill worker <kind> --metrics-port N``): its
-metrics for Prometheus, and its liveness. Nothing else, and no token: keep the port internal.
+"""The metrics listener: what a process serves over HTTP beside (or instead of) the API, on
+``SECKILL_METRICS_PORT``: its metrics for Prometheus, and its liveness. Nothing else, and no
+token: keep the port internal (the deployment lets only the monitoring namespace reach it).
 
-``/metrics`` answers what the API's does (``seckill.observability.metrics.exposition``): this
-process's own metrics, or with ``SECKILL_METRICS_DIR`` those of every process writing there.
-``/livez`` answers 200 while the process's event loop runs (no I/O). ``seckill.serve`` runs this
-app on uvicorn inside the worker's own loop.
+A worker (``seckill worker <kind> --metrics-port N``) serves it from ``seckill.serve``. The API
+serves it from its lifespan when the port is set (``metrics_listener``), each of its processes
+on the same port (SO_REUSEPORT), and then answers ``/metrics`` on the public port no more.
+
+``/metrics`` answers ``seckill.observability.metrics.exposition``: this process's own metrics,
+or with ``SECKILL_METRICS_DIR`` those of every process writing there, after ``refresh`` (the
+API's stream gauges, read from Redis). ``/livez`` answers 200 while the event loop runs.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,17 +29,62 @@ from seckill.api.paths import LIVEZ_ROUTE
 from seckill.api.schemas import LiveOut
 from seckill.observability import metrics
 
+log = logging.getLogger(__name__)
+
 _ALIVE = LiveOut(status="alive").model_dump_json().encode()
 
-
-def worker_app() -> Starlette:
-    """The ASGI app of a worker's metrics listener."""
-    return Starlette(routes=[Route("/metrics", _scrape), Route(LIVEZ_ROUTE, _alive)])
+Refresh = Callable[[], Awaitable[None]]
 
 
-async def _scrape(request: Request) -> Response:
-    return Response(metrics.exposition(), media_type=metrics.EXPOSITION_CONTENT_TYPE)
+class QuietServer(uvicorn.Server):
+    """uvicorn, minus its own signal handling: the process's owner (seckill.serve's stop
+    event, or the API's server) keeps SIGTERM and SIGINT."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def worker_app(refresh: Refresh | None = None) -> Starlette:
+    """The ASGI app of a metrics listener; ``refresh`` runs before each scrape."""
+
+    async def scrape(request: Request) -> Response:
+        if refresh is not None:
+            await refresh()
+        return Response(metrics.exposition(), media_type=metrics.EXPOSITION_CONTENT_TYPE)
+
+    return Starlette(routes=[Route("/metrics", scrape), Route(LIVEZ_ROUTE, _alive)])
 
 
 async def _alive(request: Request) -> Response:
     return Response(_ALIVE, media_type="application/json")
+
+
+@contextlib.asynccontextmanager
+async def metrics_listener(host: str, port: int, refresh: Refresh) -> AsyncIterator[None]:
+    """The listener served in this event loop while the context is open. The port is shared
+    with the process's siblings (SO_REUSEPORT): every process of an API answers a scrape with
+    all of their metrics (SECKILL_METRICS_DIR)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    config = uvicorn.Config(
+        worker_app(refresh), log_level="warning", access_log=False, lifespan="off"
+    )
+    server = QuietServer(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    bound_host, bound_port = sock.getsockname()[:2]
+    log.info("metrics on http://%s:%d/metrics", bound_host, bound_port)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
