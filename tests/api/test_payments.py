@@ -10,7 +10,9 @@ import pytest
 
 from seckill.domain.holds import HoldState
 from seckill.domain.money import Money
+from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from tests.api.conftest import Api
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7")
 
@@ -186,6 +188,25 @@ async def test_a_notice_naming_another_item_is_a_refund_owed_there_and_changes_t
     # The notice under its own item still pays, once (the reconciler reports the payment id
     # on two items: one charge, recorded twice).
     assert (await api.pay(item_id, order_id, "pay-1")).json()["outcome"] == "paid"
+
+
+async def test_a_charge_for_an_order_redis_lost_but_sql_holds_waits_for_it(api: Api) -> None:
+    """Never unknown: an order SQL holds that no shard holds was lost by Redis (a rewind, a
+    failover) and comes back with recovery; its charge is 503 item_recovering meanwhile, and
+    nothing is owed or recorded."""
+    item_id, order_id = await held_order(api)
+
+    async def landed() -> bool:
+        return await api.runtime.ledger.order(int(order_id)) is not None
+
+    await wait_until(landed, 10, "the order in SQL")
+    keys = item_keys(item_id, DEFAULT_PREFIX)
+    await api.runtime.redis.hdel(keys.holds, order_id)  # as a Redis that lost its last writes
+    answer = await api.pay(item_id, order_id, "pay-1")
+    assert (answer.status_code, answer.json()["error"]) == (503, "item_recovering"), answer.text
+    assert answer.headers["Retry-After"] == "1"
+    assert not await api.runtime.redis.hexists(keys.payments, "pay-1")
+    assert (await api.runtime.ledger.payments.refunds(item_id=item_id)).refunds == []
 
 
 @pytest.mark.parametrize(

@@ -267,6 +267,7 @@ class RedisEngine(EngineReads, EngineRepairs):
         succeeded: bool,
         charged: Money,
         unit_price: Money,
+        landed: bool = False,
     ) -> PaymentSettlement:
         """Apply a payment provider's notice once per ``payment_id``, which names one payment of
         the item: ``charged`` (what the provider took) for the order, whose sum is ``unit_price``
@@ -274,7 +275,9 @@ class RedisEngine(EngineReads, EngineRepairs):
 
         Succeeded: held -> paid when ``charged`` is the order's sum. Any other sum or currency,
         a success for an order already released or paid by another payment, or for an order no
-        shard holds, answers ``refund_required`` and journals a refund owed of the sum charged.
+        shard holds, answers ``refund_required`` and journals a refund owed of the sum charged;
+        but not for one SQL holds (``landed``): Redis lost it, recovery gives it back, and the
+        notice answers ``unknown_order`` meanwhile, recording nothing.
         Failed: held -> released (``payment_failed``); a paid hold stays paid
         (``already_paid``); an unknown order answers ``unknown_order`` and is not recorded. A
         payment id seen before answers what it answered then (``replayed``), or refuses with
@@ -300,19 +303,20 @@ class RedisEngine(EngineReads, EngineRepairs):
             if claim[0] == Outcome.ITEM_RECOVERING:
                 return PaymentSettlement(Outcome.ITEM_RECOVERING)
             shard = int(claim[1])
-        reply = await self._settle(item_id, shard, notice, unit_price)
+        terms = (unit_price.cents, unit_price.currency, "1" if landed else "0")
+        reply = await self._settle(item_id, shard, notice, terms)
         if reply[0] == Outcome.CLAIMED:  # the order left its shard (archived) since the claim
-            reply = await self._settle(item_id, int(reply[1]), notice, unit_price)
+            reply = await self._settle(item_id, int(reply[1]), notice, terms)
         if reply[0] == Outcome.REPLAY:
             return _settlement(reply[1:], replayed=True)
         return _settlement(reply)
 
     async def _settle(
-        self, item_id: int, shard: int, notice: tuple[Any, ...], unit_price: Money
+        self, item_id: int, shard: int, notice: tuple[Any, ...], terms: tuple[Any, ...]
     ) -> Any:
         return await self._call(
-            ScriptName.SETTLE_PAYMENT, item_id, *notice, self.now_arg(), unit_price.cents,
-            unit_price.currency, extra_keys=(self.keys(item_id, shard).payments,), shard=shard,
+            ScriptName.SETTLE_PAYMENT, item_id, *notice, self.now_arg(), *terms,
+            extra_keys=(self.keys(item_id, shard).payments,), shard=shard,
         )  # fmt: skip
 
     async def expire_due(self, item_id: int, *, limit: int = 500, shard: int = 0) -> list[int]:

@@ -173,29 +173,30 @@ class OrderBook:
         item = await self._ledger.item(item_id)
         if item is None:
             raise OrderNotFound(f"no item {item_id}, so no order {order_id} of it")
-        settlement: PaymentSettlement | None = await self._engine.settle_payment(
+        # An order SQL holds is never unknown: if no shard holds it, Redis lost it (a rewind, a
+        # failover) and recovery gives it back, so the charge waits for it.
+        landed = succeeded and await self._landed_here(item_id, order_id)
+        settlement = await self._engine.settle_payment(
             item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged,
-            unit_price=Money(item.price_cents, item.currency),
+            unit_price=Money(item.price_cents, item.currency), landed=landed,
         )  # fmt: skip
-        assert settlement is not None
         if settlement.outcome is Outcome.ITEM_RECOVERING:
             raise ItemRecovering(f"item {item_id} is being checked against SQL")
-        if settlement.outcome is Outcome.UNKNOWN_ORDER:
-            # Redis answers a failure for an order it does not hold, and any notice for an
-            # item it does not hold: an archived one's are SQL's to settle; any other's wait
-            # for the item to be rebuilt (Redis lost it) or put on sale.
-            settlement = None
-            if await self._archived(item_id):
-                settlement = await self._ledger.payments.settle_archived(
-                    item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged
-                )
-            elif succeeded:
-                raise ItemRecovering(f"item {item_id} is not on sale in Redis now")
-        else:
+        if settlement.outcome is not Outcome.UNKNOWN_ORDER:
             await self._until_landed(item_id, order_id, payment_id, settlement)
-        if settlement is None:
-            raise OrderNotFound(f"no order {order_id} of item {item_id}")
-        return settlement, await self.find(item_id, order_id)
+            return settlement, await self.find(item_id, order_id)
+        # Redis answers a failure for an order it does not hold, a success for one SQL holds
+        # and it lost, and any notice for an item it does not hold: an archived one's are SQL's
+        # to settle; any other's wait for Redis to be rebuilt or the item put on sale.
+        if await self._archived(item_id):
+            archived = await self._ledger.payments.settle_archived(
+                item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged
+            )
+            if archived is not None:
+                return archived, await self.find(item_id, order_id)
+        elif succeeded:
+            raise ItemRecovering(f"order {order_id} of item {item_id} is not in Redis now")
+        raise OrderNotFound(f"no order {order_id} of item {item_id}")
 
     async def _until_landed(
         self, item_id: int, order_id: int, payment_id: str, settlement: PaymentSettlement
@@ -207,6 +208,10 @@ class OrderBook:
                 f"payment {payment_id} of order {order_id} is not in the database yet "
                 f"(waited {self._landing_timeout_s:g} s): send the notice again"
             )
+
+    async def _landed_here(self, item_id: int, order_id: int) -> bool:
+        landed = await self._ledger.order(order_id)
+        return landed is not None and landed.item_id == item_id
 
     async def _archived(self, item_id: int) -> bool:
         return await self._ledger.archived_at(item_id) is not None
