@@ -50,6 +50,7 @@ import uvloop
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from seckill.api.drain import Drain
+from seckill.api.sockets import listening_socket
 from seckill.bootstrap.runtime import open_runtime, settle_heap
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
@@ -65,21 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 60
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket that says it is TCP (proto IPPROTO_TCP): asyncio turns Nagle off
-    only on such sockets, and with it on every response waits ~40 ms for a delayed ACK."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 async def run(

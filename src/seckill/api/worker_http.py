@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import uvicorn
@@ -27,6 +26,7 @@ from starlette.routing import Route
 
 from seckill.api.paths import LIVEZ_ROUTE
 from seckill.api.schemas import LiveOut
+from seckill.api.sockets import listening_socket
 from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
@@ -65,16 +65,7 @@ async def metrics_listener(host: str, port: int, refresh: Refresh) -> AsyncItera
     """The listener served in this event loop while the context is open. The port is shared
     with the process's siblings (SO_REUSEPORT): every process of an API answers a scrape with
     all of their metrics (SECKILL_METRICS_DIR)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
+    sock = listening_socket(host, port, backlog=128, shared=True)
     config = uvicorn.Config(
         worker_app(refresh), log_level="warning", access_log=False, lifespan="off"
     )
