@@ -117,11 +117,10 @@ class Payments:
                 .where(Refund.item_id.in_(item_ids), Refund.refunded_at.is_(None))
                 .group_by(Refund.item_id, Refund.currency)
             )
-            owed: dict[int, Owed] = {}
-            for item_id, currency, count, cents in rows:
-                item = owed.setdefault(item_id, Owed(0, {}))
-                owed[item_id] = Owed(item.count + int(count), item.amounts | {currency: int(cents)})
-            return owed
+            by_item: dict[int, list[Any]] = {}
+            for item_id, *per_currency in rows:
+                by_item.setdefault(item_id, []).append(per_currency)
+            return {item_id: _owed(sums) for item_id, sums in by_item.items()}
 
     async def owed_in_all(self) -> Owed:
         """The refunds still owed over every item, archived ones included (one statement)."""
@@ -131,11 +130,7 @@ class Payments:
                 .where(Refund.refunded_at.is_(None))
                 .group_by(Refund.currency)
             )
-            amounts = {currency: (int(count), int(cents)) for currency, count, cents in rows}
-            return Owed(
-                sum(count for count, _ in amounts.values()),
-                {currency: cents for currency, (_, cents) in amounts.items()},
-            )
+            return _owed(rows.all())
 
     async def settled(
         self, order_ids: Collection[int], refunds: Collection[tuple[int, str]]
@@ -244,6 +239,14 @@ class Payments:
                 ],
             )  # fmt: skip
         return settlement
+
+
+def _owed(per_currency: Sequence[Any]) -> Owed:
+    """Refunds owed from (currency, count, sum) rows."""
+    return Owed(
+        sum(int(count) for _, count, _ in per_currency),
+        {currency: int(cents) for currency, _, cents in per_currency},
+    )
 
 
 def _replayed(
