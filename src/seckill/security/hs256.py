@@ -3,33 +3,34 @@
 A crowd's first purchase verifies a token nobody has seen, and through the general JOSE path
 (joserfc: registries, header objects, key objects) that costs about 27 µs, where the work
 itself, one HMAC-SHA256 and two small base64 and JSON reads, takes a few. ``Hs256Verifier``
-does only that work, for the tokens it can judge with certainty: a compact JWS whose header is
-``{"alg": "HS256"}`` with at most ``"typ": "JWT"`` beside it, a 32-byte signature, and the
-whole token within the general path's size limits. For those it decodes exactly as the general
-path does (joserfc's strict base64url, the standard library's JSON) and accepts exactly what it
-accepts: a signature one of the secrets made, over a payload that is a JSON object. Anything
-else (another header, a bad signature, a malformed part) it leaves to the general path, which
-refuses it and says why, so a refusal reads the same either way. The claims themselves are
-checked after both, in one place (``TokenCodec._verify_signed``). tests/security/test_hs256.py
-holds the two paths to the same verdicts on hostile tokens.
+does only that work (the HMAC keyed once: ``KeyedMac``), for the tokens it can judge with
+certainty: a compact JWS whose header is ``{"alg": "HS256"}`` with at most ``"typ": "JWT"``
+beside it, a 32-byte signature, and the whole token within the general path's size limits.
+For those it decodes as the general path does (joserfc's strict base64url, the standard
+library's JSON) and accepts exactly what it accepts: a signature one of the secrets made, over
+a payload that is a JSON object. Anything else (another header, a bad signature, a malformed
+part) it leaves to the general path, which refuses it and says why, so a refusal reads the
+same either way. The claims are checked after both, in one place
+(``TokenCodec._verify_signed``). tests/unit/test_hs256.py holds the two paths to the same
+verdicts on hostile tokens.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
+from seckill.security.keyed_mac import KeyedMac
+
 _MAX_TOKEN_CHARS = 1024  # well inside joserfc's size limits (header 512, payload 128,000)
 _SIGNATURE_CHARS = 43  # 32 bytes, base64url without padding
 _PLAIN_HEADER_KEYS = frozenset({"alg", "typ"})
 _KNOWN_HEADERS = 64  # distinct header segments remembered: in practice one or two
-_BLOCK = 64  # SHA-256's block: HMAC's key is padded (or first hashed) to it
 _BASE64URL = re.compile(rb"[A-Za-z0-9_-]*")
 _TO_BASE64 = bytes.maketrans(b"-_", b"+/")
 # The last character of a segment whose bits end mid-byte: those leave the spare bits 0 (RFC
@@ -42,9 +43,7 @@ class Hs256Verifier:
     while a secret rotates), for the plain header; None where the general path must judge."""
 
     def __init__(self, secrets: Sequence[bytes]) -> None:
-        # HMAC's two keyed hash states, computed once per secret: each token then costs two
-        # copies and two short updates, where hmac.digest() derives them again every time.
-        self._keyed = tuple(_keyed_states(secret) for secret in secrets)
+        self._macs = tuple(KeyedMac(secret) for secret in secrets)
         self._plain_headers: dict[bytes, bool] = {}
 
     def claims(self, token: str) -> dict[str, Any] | None:
@@ -59,14 +58,10 @@ class Hs256Verifier:
         if len(signature) != _SIGNATURE_CHARS or not self._plain(header):
             return None
         signed = raw[: len(header) + 1 + len(payload)]
-        for inner, outer in self._keyed:
-            digest = inner.copy()
-            digest.update(signed)
-            mac = outer.copy()
-            mac.update(digest.digest())
+        for mac in self._macs:
             # Compared as text: ours is canonical base64url, so a segment that is not (which
             # the general path refuses) never matches.
-            if hmac.compare_digest(base64.urlsafe_b64encode(mac.digest())[:-1], signature):
+            if hmac.compare_digest(base64.urlsafe_b64encode(mac.digest(signed))[:-1], signature):
                 break
         else:
             return None
@@ -86,16 +81,6 @@ class Hs256Verifier:
             if len(self._plain_headers) < _KNOWN_HEADERS:
                 self._plain_headers[header] = known
         return known
-
-
-def _keyed_states(secret: bytes) -> tuple[Any, Any]:
-    """HMAC-SHA256's inner and outer hash states for ``secret`` (RFC 2104)."""
-    if len(secret) > _BLOCK:
-        secret = hashlib.sha256(secret).digest()
-    key = secret.ljust(_BLOCK, b"\0")
-    inner = hashlib.sha256(bytes(byte ^ 0x36 for byte in key))
-    outer = hashlib.sha256(bytes(byte ^ 0x5C for byte in key))
-    return inner, outer
 
 
 def _base64url(segment: bytes) -> bytes | None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import re
 from collections.abc import Sequence
+
+from seckill.security.keyed_mac import KeyedMac
 
 # As for HS256 JWTs (RFC 7518 §3.2): a key at least as long as the hash output.
 MIN_KEY_BYTES = 32
@@ -39,12 +40,12 @@ class Signer:
                 raise ValueError(
                     f"the {purpose} secret{which} needs at least {MIN_KEY_BYTES} bytes"
                 )
-        self._key = keys[0]
+        self._key = KeyedMac(keys[0])
         # Empty with one key: then opening costs what it did before rotation existed.
-        self._older = keys[1:]
+        self._older = tuple(KeyedMac(key) for key in keys[1:])
 
     def sign(self, payload: str) -> str:
-        return f"{payload}.{_mac(self._key, _data(payload))}"
+        return f"{payload}.{self._key.digest(_data(payload)).hex()}"
 
     def opened(self, text: object, *, max_len: int) -> str | None:
         """The payload of a text signed with any of the keys, or None (whatever ``text``
@@ -55,16 +56,16 @@ class Signer:
         # The regex keeps non-ASCII text away from compare_digest, which refuses it (TypeError).
         if not _MAC.fullmatch(mac):
             return None
-        # _data and _mac inlined: with one key this is all a check costs, as before keys could
-        # rotate (tickets are checked on every purchase).
+        # _data inlined: with one key this is all a check costs, as before keys could rotate
+        # (tickets are checked on every purchase).
         data = payload.encode("utf-8", "surrogatepass")
-        if hmac.compare_digest(mac, hmac.digest(self._key, data, hashlib.sha256).hex()):
+        if hmac.compare_digest(mac, self._key.digest(data).hex()):
             return payload
         # Every older key is tried, each in constant time, and a forgery is compared with all of
         # them: how long a refusal takes says nothing about any key. Only an authentic text
         # stops early, which tells its holder no more than it already knows.
         for key in self._older:
-            if hmac.compare_digest(mac, _mac(key, data)):
+            if hmac.compare_digest(mac, key.digest(data).hex()):
                 return payload
         return None
 
@@ -73,10 +74,6 @@ def _data(payload: str) -> bytes:
     # surrogatepass: header text is Latin-1 decoded by the server, but a caller may pass any
     # str, lone surrogates included; encoding must not raise.
     return payload.encode("utf-8", "surrogatepass")
-
-
-def _mac(key: bytes, data: bytes) -> str:
-    return hmac.digest(key, data, hashlib.sha256).hex()  # the one-shot C path
 
 
 def misbound(
