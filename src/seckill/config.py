@@ -191,9 +191,10 @@ class Settings(BaseSettings):
         8000, ge=0, le=65535, description="Their port (0: one picked, and printed)."
     )
     api_server: Literal["granian", "uvicorn"] = Field(
-        "granian",
-        description="What serves `seckill api` (docs/benchmarks.md has the figures "
-        "that made granian the default); `seckill serve` is always uvicorn, in its own loop.",
+        "uvicorn",
+        description="What serves `seckill api`: uvicorn answers the buyers' routes on the "
+        "connection, without ASGI (docs/benchmarks.md has the figures that made it the "
+        "default); `seckill serve` is always uvicorn, in its own loop.",
     )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
     cors_origins: list[str] = Field(

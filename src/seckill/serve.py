@@ -50,6 +50,7 @@ import uvloop
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from seckill.api.drain import Drain
+from seckill.api.lean_http import LeanHttpProtocol
 from seckill.api.sockets import listening_socket
 from seckill.bootstrap.runtime import open_runtime, settle_heap
 from seckill.bootstrap.workers import WorkerKind, build_worker
@@ -124,7 +125,9 @@ def _serving(app: Any, sock: socket.socket, tasks: list[asyncio.Task[None]]) -> 
     """uvicorn serving ``app`` on ``sock`` in this loop, its task added to ``tasks``."""
     from seckill.api.worker_http import QuietServer
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    config = uvicorn.Config(
+        app, http=LeanHttpProtocol, log_level="warning", access_log=False, lifespan="on"
+    )
     server = QuietServer(config)
     tasks.append(asyncio.create_task(server.serve(sockets=[sock])))
     return server
@@ -217,6 +220,7 @@ def run_api_processes(settings: Settings, processes: int) -> None:
         "seckill.api.app:app_from_environment",
         factory=True,
         workers=processes,
+        http=LeanHttpProtocol,
         loop="uvloop",
         log_level="warning",
         access_log=False,

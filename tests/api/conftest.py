@@ -19,6 +19,7 @@ import uvicorn
 from redis.asyncio import Redis
 
 from seckill.api.app import create_app
+from seckill.api.lean_http import LeanHttpProtocol
 from seckill.bootstrap.runtime import Runtime, open_runtime
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
@@ -257,6 +258,7 @@ async def running_api(
         server = uvicorn.Server(
             uvicorn.Config(
                 create_app(settings, runtime=runtime, ticket_gate=ticket_gate),
+                http=LeanHttpProtocol,  # as `seckill serve` and `seckill api` serve it
                 log_level="warning",
                 access_log=False,
             )

@@ -7,12 +7,18 @@ import asyncio
 
 import pytest
 from fastapi.security import HTTPBearer
+from hypothesis import given
+from hypothesis import strategies as st
 from starlette.requests import Request
 
 from seckill.api.auth import bearer_token
 from seckill.api.errors import ApiError
-from seckill.api.lean_routes import _item_id, _quantity, idempotency_key
+from seckill.api.lean_routes import _item_id, _quantity, held_body, idempotency_key
 from seckill.api.paths import PURCHASE_PATH
+from seckill.api.schemas import ReservationOut
+from seckill.domain.orders import OrderStatus
+from seckill.domain.rules import MAX_ID
+from seckill.domain.times import ms_to_datetime
 
 AUTHORIZATIONS = [
     None, "", "Bearer abc", "bearer abc", "BEARER abc", "Bearer  abc  ", "Bearer", "Bearer ",
@@ -131,3 +137,32 @@ def test_idempotency_keys() -> None:
     with pytest.raises(ApiError) as missing:
         idempotency_key(None)
     assert (missing.value.status, missing.value.code) == (400, "idempotency_key_required")
+
+
+@given(
+    st.integers(1, 2**63 - 1),
+    st.integers(1, MAX_ID),
+    st.integers(1, 1_000_000),
+    st.integers(0, 253_402_300_799_999),  # to the last millisecond of year 9999
+)
+def test_the_held_answer_is_the_models(
+    order_id: int, item_id: int, quantity: int, deadline_ms: int
+) -> None:
+    model = ReservationOut(
+        order_id=str(order_id),
+        item_id=item_id,
+        quantity=quantity,
+        status=OrderStatus.HELD,
+        pay_before=ms_to_datetime(deadline_ms),
+    )
+    assert held_body(order_id, item_id, quantity, deadline_ms) == model.model_dump_json().encode()
+
+
+def test_a_body_read_before_answers_as_it_did_and_a_refused_one_is_refused_again() -> None:
+    first = _quantity(b'{"quantity": 3}', b"application/json")
+    assert _quantity(b'{"quantity": 3}', b"application/json") is first
+    for _ in range(2):
+        with pytest.raises(ApiError):
+            _quantity(b'{"quantity": 3}', b"text/plain")
+        with pytest.raises(ApiError):
+            _quantity(b'{"quantity": 0}', b"application/json")

@@ -118,6 +118,7 @@ class TokenCodec:
     _key_set: dict[str, PinnedKey] | None
     _fingerprint: frozenset[tuple[str, str, str]]
     _signing: tuple[_Key, dict[str, str]] | None
+    _hs256: Hs256Verifier | None  # the short way to verify, for one pinned HS256
     # Oldest first. An OrderedDict drops its oldest in O(1); a dict's first key is found past
     # every slot freed before it (a crowd of new buyers made the refusal 3x dearer that way).
     _verified: OrderedDict[bytes, tuple[str, str, Any, Any, Any]]
@@ -235,7 +236,7 @@ class TokenCodec:
         self._key_set = None
         self._fingerprint = frozenset()
         self._signing = None
-        self._hs256: Hs256Verifier | None = None  # the short way, for one pinned HS256
+        self._hs256 = None
         self._verified = OrderedDict()
         # Called when a token names a kid the key set lacks (the refresher loads it early).
         self.on_unknown_key: Callable[[], None] | None = None
