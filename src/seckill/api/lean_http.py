@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from seckill.api.lean_routes import Answer, LeanRoute, LeanRoutes
@@ -87,6 +86,9 @@ class LeanHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lean = _lean_routes(self.app)
+        # uvicorn's default headers (the date, the server) as written, for the list they were
+        # written from: uvicorn makes a new list when the date changes, once a second.
+        self._defaults: tuple[object, bytes] = (None, b"")
 
     def on_headers_complete(self) -> None:
         exchange = self._lean_exchange()
@@ -125,15 +127,18 @@ class LeanHttpProtocol(HttpToolsProtocol):
             or self.parser.should_upgrade()
         ):
             return None
-        url = httptools.parse_url(self.url)
-        if b"%" in url.path:
+        target = self.url
+        if target[:1] != b"/" or b"%" in target or b"#" in target:
+            return None  # absolute-form, escaped or odd: uvicorn reads those
+        raw_path, _, query_string = target.partition(b"?")
+        if not raw_path.isascii():
             return None
-        path = url.path.decode("ascii")
+        path = raw_path.decode("ascii")
         route = lean.route_for(self.parser.get_method().decode("ascii"), path)
         if route is None:
             return None
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        return _Exchange(lean, route, path, url.query or b"", dict(self.headers), keep_alive)
+        return _Exchange(lean, route, path, query_string, dict(self.headers), keep_alive)
 
     def _answer(self, exchange: _Exchange, body: bytes | None) -> None:
         exchange.answering = True
@@ -152,9 +157,11 @@ class LeanHttpProtocol(HttpToolsProtocol):
         """The answer as uvicorn's ASGI path writes it: its default headers (the date, the
         server), the content type and length, the request id, the answer's own headers."""
         closes = not exchange.keep_alive or CONNECTION_CLOSE in answer.headers
-        head = [STATUS_LINE[answer.status]]
-        for name, value in self.server_state.default_headers:
-            head += (name, b": ", value, b"\r\n")
+        defaults = self.server_state.default_headers
+        if self._defaults[0] is not defaults:
+            written = b"".join(name + b": " + value + b"\r\n" for name, value in defaults)
+            self._defaults = (defaults, written)
+        head = [STATUS_LINE[answer.status], self._defaults[1]]
         head += (_CONTENT_TYPE, b"%d" % len(answer.body), _REQUEST_ID, request_id.encode())
         head.append(b"\r\n")
         for name, value in answer.headers:
