@@ -8,6 +8,7 @@ import base64
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,7 +18,7 @@ from redis.asyncio import Redis
 from seckill.api.app import create_app
 from seckill.config import Settings
 from seckill.security.tickets import TICKET_HEADER, BadTicket, TicketCodec, ticket_secret
-from seckill.services.tickets import ADMITTED, GateDecision
+from seckill.services.tickets import ADMITTED, TERMS_FRESH_S, GateDecision
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Answer, Api, api_settings, running_api
 from tests.conftest import RedisTarget, redis_settings
@@ -290,3 +291,23 @@ def test_any_edit_of_a_genuine_ticket_is_a_bad_ticket(start: int, end: int, inse
         return
     with pytest.raises(BadTicket):
         CODEC.check(edited, item_id=42, buyer="alice.smith@example", now_ms=NOW_MS)
+
+
+async def test_a_crowds_tickets_read_the_terms_once_a_moment(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    item_id = await api.create_item(total=50)
+    engine = api.runtime.engine
+    real_terms, reads = engine.terms, []
+
+    async def counted(item: int) -> Any:
+        reads.append(item)
+        return await real_terms(item)
+
+    monkeypatch.setattr(engine, "terms", counted)
+    for n in range(10):
+        assert (await api.issue_ticket(item_id, f"b{n}")).status_code == 200
+    assert 1 <= len(reads) <= 2  # one, or two if the crowd straddled a refresh
+    await asyncio.sleep(TERMS_FRESH_S + 0.05)
+    assert (await api.issue_ticket(item_id, "late")).status_code == 200
+    assert reads[-1] == item_id and len(reads) >= 2  # read again once the terms are stale

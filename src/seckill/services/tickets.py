@@ -1,9 +1,11 @@
 """Issuing and checking purchase tickets (the format is in ``seckill.security.tickets``).
 
 A ticket is issued to a buyer for one item from ``lead_ms`` before the sale starts until it
-ends, and lives ``ttl_ms``. Issuing reads the item's window from Redis (one script, ``terms``);
-checking reads nothing at all. Both use this process's clock: the window check here is only a
-coarse gate, since the reserve script decides the real window on Redis's clock.
+ends, and lives ``ttl_ms``. Issuing reads the item's window from Redis (one script, ``terms``),
+and keeps what it read for ``TERMS_FRESH_S``: a crowd asks for its tickets in the same second,
+and a read per ticket made a ticket cost what a purchase does. Checking reads nothing at all.
+Both use this process's clock: the window and the fence are only a coarse gate here, since the
+reserve script decides the real window, and refuses a fenced item, on Redis's side.
 
 Issuing does not read the stock, with one exception: while this process's sold-out flag stands
 for the item (a purchase here heard ``sold_out`` from Redis less than ``sold_out_recheck_ms``
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from seckill.domain.items import SaleItem
 from seckill.domain.outcomes import Outcome
 from seckill.engine.engine import RedisEngine
 from seckill.security.tickets import Ticket, TicketCodec
@@ -36,6 +39,9 @@ from seckill.services.sold_out import SoldOut, SoldOutFlags
 
 Clock = Callable[[], int]
 """Epoch milliseconds."""
+
+TERMS_FRESH_S = 0.25  # an item's terms and fence, as read for a ticket, kept this long
+_KEPT_TERMS_MAX = 4096  # items whose terms are kept at once (past it, all are read again)
 
 
 def wall_clock_ms() -> int:
@@ -113,6 +119,8 @@ class TicketOffice:
         self._ttl_ms = ttl_ms
         self._lead_ms = lead_ms
         self._clock = clock
+        # item id -> (kept until, on time.monotonic(); the terms; fenced)
+        self._kept_terms: dict[int, tuple[float, SaleItem, bool]] = {}
 
     async def issue(self, item_id: int, *, buyer: str) -> tuple[str, Ticket]:
         """A new ticket (its text, and what it says) for ``buyer`` and ``item_id``.
@@ -126,7 +134,7 @@ class TicketOffice:
         """
         if self._sold_out.answers(item_id, "ticket"):
             raise SoldOut(f"item {item_id} is sold out")
-        item, fenced = await self._engine.terms(item_id)
+        item, fenced = await self._terms(item_id)
         if item is None:
             raise UnknownItem(f"item {item_id} is not on sale")
         if fenced:
@@ -149,6 +157,19 @@ class TicketOffice:
         ticket = Ticket(item_id=item_id, buyer=buyer, expires_at_ms=now + self._ttl_ms)
         text = self._codec.mint(item_id=item_id, buyer=buyer, expires_at_ms=ticket.expires_at_ms)
         return text, ticket
+
+    async def _terms(self, item_id: int) -> tuple[SaleItem | None, bool]:
+        """The item's terms and fence as Redis said them at most ``TERMS_FRESH_S`` ago."""
+        now = time.monotonic()
+        kept = self._kept_terms.get(item_id)
+        if kept is not None and now < kept[0]:
+            return kept[1], kept[2]
+        item, fenced = await self._engine.terms(item_id)
+        if item is not None:  # an item not loaded is asked again: it may be warmed any moment
+            if len(self._kept_terms) >= _KEPT_TERMS_MAX:
+                self._kept_terms.clear()
+            self._kept_terms[item_id] = (now + TERMS_FRESH_S, item, fenced)
+        return item, fenced
 
     def check(self, text: str | None, *, item_id: int, buyer: str) -> Ticket:
         """The ticket if it lets ``buyer`` buy ``item_id`` now; ``BadTicket`` otherwise. No I/O."""
