@@ -93,6 +93,7 @@ async def warm(
     outcome = await warm_item(
         ctx.runtime.engine, ctx.ledger, item_id, force=force, cache=ctx.item_cache
     )
+    ctx.tickets.forget(item_id)
     return WarmOut.model_validate({"item_id": item_id, "outcome": outcome.value})
 
 
@@ -102,10 +103,12 @@ async def warm(
     responses=documented(401, 403, 404, 409, 422, 503),
 )
 async def end(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> ItemOut:
-    """End the item's sale now: no ticket or purchase is taken after it, while holds taken
-    before it may still be paid until their deadline. Ending an ended item changes nothing.
-    409 ``sale_not_started`` (the sale has not begun) or ``item_archived``."""
+    """End the item's sale now: no purchase is taken after it, nor a ticket (other API
+    processes may issue one for a quarter of a second more: their purchase is refused), while
+    holds taken before it may still be paid until their deadline. Ending an ended item changes
+    nothing. 409 ``sale_not_started`` (the sale has not begun) or ``item_archived``."""
     await end_sale(ctx.runtime.engine, ctx.ledger, item_id, cache=ctx.item_cache)
+    ctx.tickets.forget(item_id)
     return item_out(await item_on_sale(ctx.item_cache, item_id))
 
 

@@ -171,6 +171,10 @@ class TicketOffice:
             self._kept_terms[item_id] = (now + TERMS_FRESH_S, item, fenced)
         return item, fenced
 
+    def forget(self, item_id: int) -> None:
+        """Read the item's terms again at the next ticket (this process just changed them)."""
+        self._kept_terms.pop(item_id, None)
+
     def check(self, text: str | None, *, item_id: int, buyer: str) -> Ticket:
         """The ticket if it lets ``buyer`` buy ``item_id`` now; ``BadTicket`` otherwise. No I/O."""
         return self._codec.check(text, item_id=item_id, buyer=buyer, now_ms=self._clock())
