@@ -94,6 +94,8 @@ class ItemModel:
     keys: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
     journal: list[tuple[str, str, str]] = field(default_factory=list)  # (event, order id, reason)
     payments: dict[str, PaymentRecord] = field(default_factory=dict)
+    # Order ids a charge named before any hold had them (refunds owed for unknown orders).
+    named_unknown: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.journal.append(("loaded", "", ""))
@@ -179,6 +181,7 @@ class ItemModel:
             return PaymentSettlement(Outcome.UNKNOWN_ORDER)  # and not recorded
         answer: PaymentSettlement
         if hold is None:  # money taken for an order nobody holds: owed back
+            self.named_unknown.add(order_id)
             reason = RefundReason.UNKNOWN_ORDER
             self.journal.append(("refund_required", str(order_id), reason.value))
             answer = PaymentSettlement(Outcome.REFUND_REQUIRED, reason)
@@ -395,7 +398,12 @@ class EngineModel(RuleBasedStateMachine):
     def reserve_one(self, data: st.DataObject, buyer: str, key: str) -> None:
         item_id, model = self.draw_item(data)
         quantity = self.draw_quantity(data, model)
-        self.check_reserve(item_id, buyer, key, quantity, self.draw_new_order_id(data))
+        order_id = self.draw_new_order_id(data)
+        if order_id in model.named_unknown:
+            # Ids are issued once, each new: an id a charge named while no hold had it is never
+            # issued after (the audit holds that charge's refund to the id staying unheld).
+            return
+        self.check_reserve(item_id, buyer, key, quantity, order_id)
 
     def check_reserve(
         self, item_id: int, buyer: str, key: str, quantity: int, order_id: int
