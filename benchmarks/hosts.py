@@ -129,7 +129,7 @@ class Knobs:
     rate: float = 40.0  # buyers arriving per second
     shards: int = 2
     hold_seconds: int = 3
-    server: str = "granian"
+    server: str = "uvicorn"  # seckill api's default
     seed: int = 7
 
     @classmethod

@@ -34,6 +34,7 @@ class Served:
     def __init__(self, app: SeckillApi, lean: int, asgi: int) -> None:
         self.app, self.lean, self.asgi = app, lean, asgi
         self.asgi_calls = 0  # lean requests that reached the app through ASGI
+        self.last_lean_asgi_calls = 0  # of them, in the last exchange with ``lean``
 
     async def exchange(self, port: int, raw: bytes, answers: int = 1) -> list[bytes]:
         """Send ``raw`` on a new connection; the ``answers`` read back (dates removed), then
@@ -107,9 +108,10 @@ async def served_twice(
 
 
 @pytest.fixture
-async def served(
+async def both_ways(
     redis_server: RedisTarget, redis: Redis, ledger: Ledger, sql_url: str, tmp_path: Path
 ) -> AsyncIterator[Served]:
+    """The app served twice, on the session's Redis (flushed) and SQL database (emptied)."""
     async with served_twice(tmp_path, redis_server, sql_url) as live:
         yield live
 
@@ -121,8 +123,8 @@ def request(method: str, path: str, *lines: str, body: bytes = b"", version: str
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-async def test_refusals_read_the_same_and_never_go_through_asgi(served: Served) -> None:
-    token = token_codec(served.app.state.context.runtime.settings).mint(
+async def test_refusals_read_the_same_and_never_go_through_asgi(both_ways: Served) -> None:
+    token = token_codec(both_ways.app.state.context.runtime.settings).mint(
         "b1", Role.BUYER, ttl_seconds=60
     )
     auth = f"authorization: Bearer {token}"
@@ -141,42 +143,44 @@ async def test_refusals_read_the_same_and_never_go_through_asgi(served: Served) 
         request("POST", "/api/v1/items/1/tickets", "authorization: Bearer nope"),
     ]
     for raw in cases:
-        [answer, state] = await served.both(raw)
+        [answer, state] = await both_ways.both(raw)
         assert state == b"open", answer
-        assert served.last_lean_asgi_calls == 0, raw
+        assert both_ways.last_lean_asgi_calls == 0, raw
 
 
-async def test_bodies_over_the_limit_are_refused_and_the_connection_closed(served: Served) -> None:
+async def test_bodies_over_the_limit_are_refused_and_the_connection_closed(
+    both_ways: Served,
+) -> None:
     over = request("POST", "/api/v1/items/1/orders", body=b" " * 2000)
-    [answer, state] = await served.both(over)
+    [answer, state] = await both_ways.both(over)
     assert answer.startswith(b"HTTP/1.1 413") and state == b"closed"
     chunked = (
         request("POST", "/api/v1/items/1/orders", "transfer-encoding: chunked")
         + b"400\r\n" + b" " * 1024 + b"\r\n" + b"400\r\n" + b" " * 1024 + b"\r\n0\r\n\r\n"
     )  # fmt: skip
-    [answer, state] = await served.both(chunked)
+    [answer, state] = await both_ways.both(chunked)
     assert answer.startswith(b"HTTP/1.1 413") and b"connection: close" in answer
     assert state == b"closed"
     length_over = request("GET", "/livez", "content-length: 5000")
-    [answer, state] = await served.both(length_over)
+    [answer, state] = await both_ways.both(length_over)
     assert answer.startswith(b"HTTP/1.1 413") and state == b"closed"
 
 
-async def test_keep_alive_pipelining_and_http_1_0(served: Served) -> None:
+async def test_keep_alive_pipelining_and_http_1_0(both_ways: Served) -> None:
     three = request("GET", "/livez") * 3
-    answers = await served.both(three, answers=3)
+    answers = await both_ways.both(three, answers=3)
     assert len(answers) == 4 and answers[-1] == b"open"
     assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers[:3])
-    [answer, state] = await served.both(request("GET", "/livez", version="1.0"))
+    [answer, state] = await both_ways.both(request("GET", "/livez", version="1.0"))
     assert b"connection: close" in answer and state == b"closed"
-    [answer, _] = await served.both(request("GET", "/livez", "connection: close"))
+    [answer, _] = await both_ways.both(request("GET", "/livez", "connection: close"))
     assert b"connection: close" in answer
 
 
-async def test_what_the_lean_way_leaves_to_asgi_reads_the_same(served: Served) -> None:
+async def test_what_the_lean_way_leaves_to_asgi_reads_the_same(both_ways: Served) -> None:
     escaped = request("GET", "/api/v1/items/%31")
-    await served.both(escaped)
-    assert served.last_lean_asgi_calls == 1  # the framework's path: a lean route, unescaped
+    await both_ways.both(escaped)
+    assert both_ways.last_lean_asgi_calls == 1  # the framework's path: a lean route, unescaped
     expecting = request("POST", "/api/v1/items/1/orders", "expect: 100-continue", body=b"{}")
-    answers = await served.both(expecting, answers=2)
+    answers = await both_ways.both(expecting, answers=2)
     assert answers[0].startswith(b"HTTP/1.1 100") and answers[1].startswith(b"HTTP/1.1 401")

@@ -62,7 +62,7 @@ class _Exchange:
         "query_string",
         "response_complete",
         "route",
-    )  # fmt: skip
+    )
 
     def __init__(
         self,
@@ -161,8 +161,9 @@ class LeanHttpProtocol(HttpToolsProtocol):
             self._write(exchange, answer, request_id)
 
     def _write(self, exchange: _Exchange, answer: Answer, request_id: str) -> None:
-        """The answer as uvicorn's ASGI path writes it: its default headers (the date, the
-        server), the content type and length, the request id, the answer's own headers."""
+        """The answer as uvicorn's ASGI path writes it (its default headers: the date, the
+        server; the content type and length, the request id, the answer's own headers), put in
+        the outbox."""
         closes = not exchange.keep_alive or CONNECTION_CLOSE in answer.headers
         defaults = self.server_state.default_headers
         if self._defaults[0] is not defaults:

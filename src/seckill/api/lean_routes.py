@@ -2,7 +2,9 @@
 
 Every buyer of a sale reads the item, takes a ticket and buys, all in the same second. Through
 FastAPI's machinery (middleware layers, dependency resolution, response models, wrapped sends)
-each of these cost several times its own work, so they are served here as plain code:
+each of these cost several times its own work, so they are served here as plain code, through
+ASGI (``LeanRoutes.serve``: under granian, and behind CORS) or, under uvicorn, on the
+connection itself (``seckill.api.lean_http``), both answering through ``LeanRoutes.respond``:
 
 * ``GET /api/v1/items/{item_id}``: the item as buyers see it (the cache in front of SQL, the
   units left read live, or 0 with no read while this process's sold-out flag stands);
@@ -10,9 +12,9 @@ each of these cost several times its own work, so they are served here as plain 
   with no Redis call while the flag stands);
 * ``POST`` and ``GET /api/v1/items/{item_id}/queue``: join the waiting room, and ask where one
   stands (for an item created with one; else 404 ``no_waiting_room``);
-* ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: admission (beyond
-  ``admission_max_in_flight`` purchases in flight, 503 ``overloaded`` at once); the body's size
-  (413 before it is read whole); the bearer token (401, 403 for an admin's); the item id and the
+* ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: the body's size (413
+  before it is read whole); admission (beyond ``admission_max_in_flight`` purchases in flight,
+  503 ``overloaded`` at once); the bearer token (401, 403 for an admin's); the item id and the
   body (``{"quantity": n}``, optional; read by ``seckill.api.bodies``: 415, 422); the
   ``Idempotency-Key`` (400 without one) and the ticket (403 ``invalid_ticket``); then
   ``Purchases.buy``, one Redis round trip (the sold-out flag before it);
