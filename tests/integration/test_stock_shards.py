@@ -129,6 +129,20 @@ async def test_the_last_unit_of_every_shard_is_sold(engine: RedisEngine) -> None
     await assert_audit_passes(engine)
 
 
+async def test_units_on_a_fenced_shard_are_not_sold_out(engine: RedisEngine) -> None:
+    """A buyer whose home shard is empty, while the unit left is on a fenced shard, hears
+    item_recovering (ask again), not sold_out: the fenced shard could not say it had none, and
+    a sold_out would arm the process's flag against a unit that is there."""
+    await engine.load_item(open_item(total=2, stock_shards=2))  # one unit on each shard
+    first, second = buyers_homed_on(0, 2, 2)
+    bought = await engine.reserve(1, buyer=first, quantity=1, idempotency_key="k", order_id=1)
+    assert bought.outcome is Outcome.RESERVED  # shard 0's unit
+    assert await engine.fence(1, 1, "test") is Outcome.FENCED
+    answer = await engine.reserve(1, buyer=second, quantity=1, idempotency_key="k", order_id=2)
+    assert answer.outcome is Outcome.ITEM_RECOVERING
+    assert await shard_available(engine) == [0, 1]  # the unit stays for when it is verified
+
+
 async def test_units_released_on_empty_shards_are_sold_again(engine: RedisEngine) -> None:
     """Sold out, then buyers of shard 0 cancel: their units return to shard 0, and buyers whose
     home is shard 1 (empty) buy every one of them."""

@@ -107,7 +107,8 @@ class RedisEngine(EngineReads, EngineRepairs):
 
         With stock shards, the buyer's home shard decides. If it is short, stock is taken from
         the other shards (see ``_take_stock``) and the home asks again, up to ``TRANSFER_ROUNDS``
-        times: ``sold_out`` then means every other shard answered that it had nothing left.
+        times: ``sold_out`` then means every other shard answered that it had nothing left. A
+        fenced shard cannot answer: if one was asked and nothing moved, ``item_recovering``.
         With a rate limit, an attempt past it answers ``rate_limited`` with ``retry_after_ms``
         and changes nothing; a replay of a recorded key is answered before the limit, uncounted.
         """
@@ -133,11 +134,13 @@ class RedisEngine(EngineReads, EngineRepairs):
         transfer = 0
         while shards > 1 and transfer < TRANSFER_ROUNDS and _OUTCOMES[reply[0]] in _SHORT:
             transfer += 1
-            moved = await self._take_stock(
+            moved, recovering = await self._take_stock(
                 item_id, to=home, need=quantity, transfer_id=f"{order_id}.{transfer}",
                 shards=shards,
             )  # fmt: skip
             if not moved:
+                if recovering:  # a shard that may hold units is fenced: not sold out, not yet
+                    return Reservation(Outcome.ITEM_RECOVERING)
                 break  # every other shard answered that it had nothing left
             # The same attempt asked again: not counted against the rate limit a second time.
             reply = await self._scripts.call(
@@ -149,9 +152,10 @@ class RedisEngine(EngineReads, EngineRepairs):
 
     async def _take_stock(
         self, item_id: int, *, to: int, need: int, transfer_id: str, shards: int
-    ) -> int:
+    ) -> tuple[int, bool]:
         """Move ``need`` units to shard ``to`` from the other shards, fullest first, as far as
-        they have any; returns the units moved (0: each had none when asked)."""
+        they have any; returns the units moved (0: each had none when asked, or could not say)
+        and whether a shard that could not say was asked (fenced: being recovered)."""
         others = [shard for shard in range(shards) if shard != to]
         available = await asyncio.gather(
             *(self.execute("HGET", self.keys(item_id, s).item, "available") for s in others)
@@ -160,16 +164,19 @@ class RedisEngine(EngineReads, EngineRepairs):
             ((int(a), s) for a, s in zip(available, others, strict=True) if a and int(a) > 0),
             reverse=True,
         )
-        moved = 0
+        moved, recovering = 0, False
         for _, donor in donors:
-            units = await self.transfer(
+            units = await self._transfer(
                 item_id, source=donor, to=to, need=need - moved,
                 transfer_id=f"{transfer_id}.{donor}",
             )  # fmt: skip
+            if units is None:
+                recovering = True
+                continue
             moved += units
             if moved >= need:
                 break
-        return moved
+        return moved, recovering
 
     async def transfer(
         self, item_id: int, *, source: int, to: int, need: int, transfer_id: str
@@ -178,12 +185,25 @@ class RedisEngine(EngineReads, EngineRepairs):
         has if that is less (see transfer_out.lua); returns the units moved. Idempotent
         per ``transfer_id``. If the second half fails, the units stay in transit until
         :meth:`deliver_in_transit` (the reaper) delivers them."""
+        units = await self._transfer(
+            item_id, source=source, to=to, need=need, transfer_id=transfer_id
+        )
+        return units or 0
+
+    async def _transfer(
+        self, item_id: int, *, source: int, to: int, need: int, transfer_id: str
+    ) -> int | None:
+        """``transfer``'s work; None when the source shard is fenced (it cannot say what it
+        has until it is recovered)."""
         sent = self.keys(item_id, source)
         reply = await self._call(
             ScriptName.TRANSFER_OUT, item_id, transfer_id, to, need, self.now_arg(),
             extra_keys=(sent.transfers, sent.in_transit), shard=source,
         )  # fmt: skip
-        if Outcome(reply[0]) not in (Outcome.TRANSFERRED, Outcome.REPLAY):
+        outcome = Outcome(reply[0])
+        if outcome is Outcome.ITEM_RECOVERING:
+            return None
+        if outcome not in (Outcome.TRANSFERRED, Outcome.REPLAY):
             return 0
         units = int(reply[1])
         await self._deliver(item_id, source=source, to=to, transfer_id=transfer_id, units=units)
