@@ -6,10 +6,10 @@ parser, keep-alive, pipelining, timeouts, graceful shutdown), except that a requ
 body, once parsed, go straight to ``LeanRoutes.respond``, and the answer is written in one
 ``transport.write``, with the other answers of the same turn of the event loop (``_Outbox``).
 What that skips is the ASGI exchange a request costs otherwise: the scope, the receive and send
-messages and the futures behind them. Measured under wrk (64
-connections, one process), a request that reads its body and waits for one Redis reply cost the
-server 73 µs of CPU through granian's ASGI and 19 µs on a protocol like this one
-(docs/benchmarks.md, "The server's floor").
+messages and the futures behind them. Measured under wrk (64 connections, one process), a
+request that reads its body and waits for one Redis reply cost the server 73 µs of CPU through
+granian's ASGI and 19 µs on a protocol like this one (docs/benchmarks.md, "The server's
+floor").
 
 Anything else goes to the app through uvicorn's ASGI path, unchanged: another route, a path
 with an escape (``%``), a request that expects ``100 Continue`` or asks for an upgrade, one
@@ -164,7 +164,8 @@ class LeanHttpProtocol(HttpToolsProtocol):
         """The answer as uvicorn's ASGI path writes it (its default headers: the date, the
         server; the content type and length, the request id, the answer's own headers), put in
         the outbox."""
-        closes = not exchange.keep_alive or CONNECTION_CLOSE in answer.headers
+        told_to_close = CONNECTION_CLOSE in answer.headers  # a 413: the body was not read
+        closes = told_to_close or not exchange.keep_alive
         defaults = self.server_state.default_headers
         if self._defaults[0] is not defaults:
             written = b"".join(name + b": " + value + b"\r\n" for name, value in defaults)
@@ -174,7 +175,7 @@ class LeanHttpProtocol(HttpToolsProtocol):
         head.append(b"\r\n")
         for name, value in answer.headers:
             head += (name, b": ", value, b"\r\n")
-        if closes and CONNECTION_CLOSE not in answer.headers:
+        if closes and not told_to_close:
             head.append(_CLOSE)
         head += (b"\r\n", answer.body)
         self._outbox.put(self, exchange, b"".join(head), closes)
