@@ -302,6 +302,7 @@ class Sold:
 
     order_id: str
     buyer: str
+    sent_at: float  # the purchase's last try: a Redis that lost its write had it before this
     answered_at: float
     paid_at: float | None = None  # when a payment notice was answered `paid`
     released: bool = False  # a cancel was answered released
@@ -370,14 +371,21 @@ class Buyers:
             return
         ticket = str(issued.body["ticket"])
 
+        sent_at = 0.0
+
         def buy(key: str) -> Callable[[ApiClient], Awaitable[Reply]]:
-            return lambda c: c.buy(item, name, ticket=ticket, key=key, quantity=1)
+            async def attempt(client: ApiClient) -> Reply:
+                nonlocal sent_at
+                sent_at = record.now()
+                return await client.buy(item, name, ticket=ticket, key=key, quantity=1)
+
+            return attempt
 
         held = await self.send("buy", buy(f"{name}-1"))
         if held.status != 202:
             return
         sold = record.sold[str(held.body["order_id"])] = Sold(
-            str(held.body["order_id"]), name, record.now()
+            str(held.body["order_id"]), name, sent_at, record.now()
         )
         if self.rng.random() < 0.2:  # a second purchase, another key: the limit is 1
             record.second_tries += 1
@@ -727,12 +735,13 @@ async def verdicts(
             )).scalar_one()  # fmt: skip
     orders, sold_units, held_units, per_buyer, over = tally(rows)
 
-    def lost_with_redis(answered_at: float) -> bool:
-        """Answered shortly before Redis lost writes (the ``fast`` durability's loss)."""
-        return any(0 <= at - answered_at <= LOSS_WINDOW_S for at in losses)
+    def lost_with_redis(sold: Sold) -> bool:
+        """Sent before Redis lost writes and answered shortly before (the ``fast`` durability's
+        loss). The answer may reach the buyer after the loss: Redis wrote it before."""
+        return any(sold.sent_at <= at and at - sold.answered_at <= LOSS_WINDOW_S for at in losses)
 
     lost = [s for s in record.sold.values() if s.order_id not in orders]
-    unexplained = [s for s in lost if not lost_with_redis(s.answered_at)]
+    unexplained = [s for s in lost if not lost_with_redis(s)]
     told_paid = [s for s in record.sold.values() if s.paid_at is not None]
     unpaid = [
         s.order_id for s in told_paid
@@ -774,8 +783,10 @@ async def verdicts(
         Verdict("every 202 landed once", not unexplained and copies_in_sql == len(orders),
                 f"{len(record.sold)} answered 202; {len(lost) - len(unexplained)} lost with "
                 "writes Redis lost "
-                f"before they landed (within {LOSS_WINDOW_S:.1f} s before a rewind or a "
-                f"failover); {len(unexplained)} lost otherwise"),
+                f"before they landed (sent before a rewind or a failover, answered at most "
+                f"{LOSS_WINDOW_S:.1f} s before it); {len(unexplained)} lost otherwise"
+                + "".join(f"; order {s.order_id} of {s.buyer} sent at {s.sent_at:.1f} s, "
+                          f"answered at {s.answered_at:.1f} s" for s in unexplained[:3])),
         Verdict("every paid answer still paid", not unpaid,
                 f"{len(told_paid)} answered paid; {len(unpaid)} not paid in SQL"
                 + "".join(f"; order {o} is {orders[o].status if o in orders else 'gone'}"
