@@ -337,6 +337,48 @@ async def test_an_item_over_shards_is_rebuilt_whichever_shards_were_lost(
     assert sum(1 for a in answers if a) > 0
 
 
+@pytest.mark.redis_variants("redis7", "cluster")
+@pytest.mark.parametrize("lost", ["the receipt", "the sending"])
+async def test_a_shard_that_lost_its_half_of_a_transfer_is_rebuilt_and_sells_each_unit_once(
+    engine: RedisEngine, ledger: Ledger, redis: Redis, lost: str
+) -> None:
+    """A unit moves from shard 1 to shard 0, then one of the two is back as it was before (its
+    keys restored and fenced, as a restart from an older AOF leaves it) while the other, on
+    another server, keeps its half. The receipt lost, the unit is on no shard and nothing
+    delivers it again; the sending lost, it is on both. Neither landed in SQL, so SQL agrees
+    with the shard that went back: the fence check finds the transfer lost and rebuilds the
+    item, which then sells exactly its total."""
+    item_id = await ledger.create_item(
+        dataclasses.replace(new_item(total=8, limit=1), stock_shards=4)
+    )
+    await warm_item(engine, ledger, item_id)
+    sale = Sale(engine, ledger, redis, item_id, ids)
+    await drain(sale)
+    source, receiver = 1, 0
+    rewound = engine.keys(item_id, receiver if lost == "the receipt" else source)
+    names = [k async for k in redis.scan_iter(match=rewound.item + "*")]
+    before = {name: await redis.dump(name) for name in names}
+    moved = await engine.transfer(item_id, source=source, to=receiver, need=1, transfer_id="t-1")
+    assert moved == 1
+    for name in [k async for k in redis.scan_iter(match=rewound.item + "*")]:
+        await redis.delete(name)
+    for name, dumped in before.items():
+        await redis.restore(name, 0, dumped)
+    await engine.fence(item_id, rewound.shard, "restarted")
+    await drain(sale)  # the other half lands; SQL never had the lost one
+
+    [report] = await reconciler(engine, ledger).verify_fenced([item_id])
+
+    assert Drift.TRANSFER_LOST in {f.kind for f in report.found}, report.found
+    assert await engine.fenced_items([item_id]) == []
+    answers = [await sale.buy(f"b{n}") for n in range(20)]
+    await drain(sale)
+    assert sum(1 for answer in answers if answer) == 8
+    stock = await engine.stock(item_id)
+    assert stock is not None and (stock.available, stock.held) == (0, 8), stock
+    await assert_sound(engine, ledger, item_id)
+
+
 async def test_a_persister_that_finds_redis_behind_sql_fences_the_item(
     engine: RedisEngine, ledger: Ledger, redis: Redis
 ) -> None:

@@ -50,6 +50,8 @@ class ItemSnapshot:
     payments: dict[str, dict[str, Any]] = field(default_factory=dict)
     run: str = ""  # the run id the shard was verified under ("fenced:<why>" when fenced)
     fenced: bool = False  # not verified under this server's run: it sells nothing
+    # The transfers this shard sent and has not seen delivered (its in-transit index).
+    in_transit: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -263,7 +265,7 @@ class EngineReads(EngineBase):
             *(
                 self._scripts.call(
                     ScriptName.SNAPSHOT,
-                    (*keys.all_fixed(), keys.transfers, keys.payments),
+                    (*keys.all_fixed(), keys.transfers, keys.payments, keys.in_transit),
                     (keys.item_id,),
                 )
                 for keys in every
@@ -315,7 +317,8 @@ class EngineReads(EngineBase):
 
 def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
     """An ItemSnapshot from snapshot.lua's reply."""
-    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers, payments, live = reply
+    now_ms, item_flat, holds, buyers, deadlines, events, last_id, transfers, payments = reply[:9]
+    live, in_transit = reply[9:]
     item = _pairs(item_flat)
     complete = all(f in item for f in _ITEM_FIELDS)
     settings = {f: int(item[f]) for f in _ITEM_FIELDS} if complete else {}
@@ -347,6 +350,7 @@ def _snapshot(keys: ItemKeys, shards: int, reply: list[Any]) -> ItemSnapshot:
         payments={p: json.loads(record) for p, record in _pairs(payments).items()},
         run=item.get("run", ""),
         fenced=complete and item.get("run") != live,
+        in_transit=frozenset(in_transit),
     )
 
 

@@ -49,6 +49,7 @@ class Drift(StrEnum):
     TOTAL_DIFFERS = "total_differs"  # the item's total differs, no reload on its way
     REDIS_LOST_ITEM = "redis_lost_item"  # SQL has a sale Redis does not have at all
     REDIS_REWOUND = "redis_rewound"  # SQL landed events Redis has not generated yet
+    TRANSFER_LOST = "transfer_lost"  # a fenced shard lost one half of a transfer (transfers.py)
     OVERDUE_HOLDS = "overdue_holds"  # held past their deadline by more than the grace
     DEAD_LETTERS = "dead_letters"  # entries the persister gave up on, not replayed
     REFUND_MISSING_IN_SQL = "refund_missing_in_sql"  # Redis owes it; no event on its way
@@ -66,6 +67,7 @@ REDIS_LOST = frozenset(
         Drift.REDIS_LOST_ITEM,
         Drift.REDIS_REWOUND,
         Drift.REFUND_MISSING_IN_REDIS,
+        Drift.TRANSFER_LOST,
     }
 )
 # Money drift: the charges of one side, or the two sides' refunds and payments, disagree.

@@ -61,6 +61,7 @@ from seckill.services.reconcile.drift import (
     sql_findings,
 )
 from seckill.services.reconcile.recovery import rebuilt, recover_item
+from seckill.services.reconcile.transfers import transfer_findings
 from seckill.store.ledger import Ledger
 from seckill.store.records import ItemBook, RepairRecord
 
@@ -216,9 +217,10 @@ class Reconciler:
                 grace_ms=self._grace_ms,
             )
             findings += [dataclasses.replace(f, shard=shard) for f in found]
+        snapshots = [snapshot for snapshot, _ in read]
         if shards > 1:
             findings += sql_findings(book)
-        snapshots = [snapshot for snapshot, _ in read]
+            findings += transfer_findings(snapshots)
         # A payment id is the item's, whatever the shards: each side's charges, over them all.
         findings += money_findings(redis_accounts(snapshots), "Redis")
         findings += money_findings(sql_accounts(book), "SQL")
