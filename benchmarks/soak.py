@@ -73,7 +73,7 @@ from seckill.crowd.client import ApiClient, Credentials, Reply
 from seckill.domain.events import stream_position
 from seckill.domain.money import Charge, Money, account
 from seckill.domain.orders import OrderStatus
-from seckill.engine.group_reader import registered_groups
+from seckill.engine.group_registry import registered_groups
 from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.engine.streams import GROUP
 from seckill.redis_cluster import LocalCluster, free_cluster_port

@@ -9,21 +9,16 @@ import asyncio
 import pytest
 
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
-from seckill.engine import group_reader
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import (
-    Entry,
-    GroupReader,
-    ReadConfig,
-    as_read,
-    one_pass,
-    registered_groups,
-)
+from seckill.engine.group_reader import Entry, GroupReader, ReadConfig
+from seckill.engine.group_registry import registered_groups
 from seckill.engine.keys import items_registry, stream_groups_registry
 from seckill.engine.streams import GROUP
 from seckill.services.dashboard import take_snapshot
 from seckill.services.stream_groups import give_back_groups, list_groups, retire
 from seckill.store.ledger import Ledger
+from seckill.workers import consumer
+from seckill.workers.consumer import as_read, one_pass
 from tests.conftest import open_item
 
 pytestmark = pytest.mark.redis_variants("redis7", "cluster")
@@ -270,7 +265,7 @@ async def test_a_lot_read_ahead_while_the_sink_stalled_is_read_again_from_redis(
     """A sink that stalls over a lot (an outage) may outlast entries Redis then loses: the lot
     read ahead meanwhile is not handled as read; its entries are read again from Redis, and
     those gone are acknowledged, not handled."""
-    monkeypatch.setattr(group_reader, "BACKLOG_PASS_S", 0.05)
+    monkeypatch.setattr(consumer, "BACKLOG_PASS_S", 0.05)
     await engine.load_item(open_item(total=1000))
     group = lots_of(50, engine)
     await sell(engine, 120)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
-from seckill.domain.dead_letters import DeadLetter, read_dead_letter
+from seckill.domain.dead_letters import DeadLetter, dead_letter_fields, read_dead_letter
 from seckill.domain.times import ms_to_datetime
+from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
 from seckill.engine.keys import ItemKeys
 
@@ -25,6 +26,25 @@ def parse_letter_id(name: str) -> tuple[int, int, str] | None:
     """Item, shard and dead-letter stream id of a letter's name; None if it names none."""
     found = _LETTER_ID.fullmatch(name)
     return None if found is None else (int(found[1]), int(found[2]), found[3])
+
+
+async def add_dead_letter(
+    redis: RedisClient,
+    keys: ItemKeys,
+    *,
+    entry_id: str,
+    fields: dict[str, str],
+    group: str,
+    error: str,
+    deliveries: int,
+) -> str:
+    """Put an entry of ``keys``' stream that ``group`` gave up on on the shard's dead-letter
+    stream (its fields, and who gave up, why, after how many deliveries); returns the letter's
+    id there."""
+    dead = dead_letter_fields(
+        fields, entry_id=entry_id, group=group, error=error, deliveries=deliveries
+    )
+    return str(await redis.xadd(keys.dead_letters, cast(Any, dead)))
 
 
 async def read_dead_letters(

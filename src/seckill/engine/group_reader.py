@@ -1,17 +1,14 @@
-"""Reading every item stream through one consumer group: what each sink's worker shares (the
-persister lands entries in SQL, the bridge forwards them to a broker).
+"""Reading every item stream through one consumer group: the Redis side of each sink's worker
+(the persister lands entries in SQL, a bridge forwards them to a broker;
+``seckill.workers.consumer`` is what they share above it).
 
 The streams are found through the items registry (each stock shard has its own). Every reader
-registers its group in the groups registry, and makes every registered group on each stream it
-finds, from the stream's first entry: a reader that finds a new stream first (the persister, say)
-makes the others' groups too, so its trimming never takes an entry from under a group that has
-not found the stream yet (a bridge between two looks at the registry). A group registered later
-sees the whole stream that is left. A worker acknowledges an entry only once its sink has it;
-the group remembers what is pending. A group taken out of service leaves the registry and every
-stream through ``retire_group`` (``seckill groups retire``), or the streams keep everything.
-The registry dies with Redis: SQL keeps a durable copy (``services/stream_groups.py``), and a
-recovery puts it back with ``register_groups``, each group on the streams it rebuilds, before it
-gives them their events back.
+registers its group in the groups registry (``seckill.engine.group_registry``), and makes every
+registered group on each stream it finds, from the stream's first entry: a reader that finds a
+new stream first (the persister, say) makes the others' groups too, so its trimming never takes
+an entry from under a group that has not found the stream yet (a bridge between two looks at the
+registry). A group registered later sees the whole stream that is left. A worker acknowledges an
+entry only once its sink has it; the group remembers what is pending.
 
 On one Redis a read is one XREADGROUP over every stream, blocking while all are empty. A Redis
 Cluster refuses a command over keys of several slots, so there a read sends one XREADGROUP per
@@ -25,34 +22,32 @@ failover; on a cluster, a stream now served by another node), acknowledgements s
 may not have reached the server that now answers, so the next read starts with this consumer's
 own pending entries instead of leaving them until they go idle.
 
-Trimming drops only what every group of a stream has acknowledged. A stream's trim point moves
-when a group acknowledges, so each reader trims the streams it acknowledged entries of since its
-last trim (the group that acknowledges last is the one whose trim frees them); at start and every
-``sweep_every_s`` it trims every stream, and forgets its group's quiet consumers, in case another
-reader's trim was lost (it stopped first) or a group went away. Each trim reads and writes in
-pipelines, a few round trips in all however many streams it touches.
+Trimming (``seckill.engine.trimming``) drops only what every group of a stream has
+acknowledged. A stream's trim point moves when a group acknowledges, so each reader trims the
+streams it acknowledged entries of since its last trim (the group that acknowledges last is the
+one whose trim frees them); at start and every ``sweep_every_s`` it trims every stream, and
+forgets its group's quiet consumers, in case another reader's trim was lost (it stopped first)
+or a group went away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import ResponseError
 
 from seckill.domain.events import stream_position
 from seckill.engine.base import ShardCounts, registered_items
-from seckill.engine.cluster import REDIS_UNAVAILABLE, RedisClient
+from seckill.engine.cluster import RedisClient
+from seckill.engine.group_registry import create_group
 from seckill.engine.keys import ItemKeys, item_keys, stream_groups_registry
-
-log = logging.getLogger(__name__)
+from seckill.engine.trimming import trim_streams
 
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
 
@@ -79,20 +74,6 @@ class ReadConfig:
     # A consumer with nothing pending and idle this long is forgotten (every process start adds
     # one); it loses nothing, and a live one is recreated by its next read.
     forget_consumer_idle_ms: int = 3_600_000
-
-
-# The longest pause between two tries of something failing (a sink down, a pass that raised):
-# long enough not to hammer what is down, short enough to notice it is back.
-RETRY_PAUSE_MAX_S = 5.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ConsumerConfig(ReadConfig):
-    """How a consumer of the streams (the persister, a bridge) reads and retries."""
-
-    max_deliveries: int = 5  # an entry its sink refused this often is a dead letter
-    retry_pause_s: float = 0.5  # the first pause while its sink is down (doubles, capped)
-    retry_pause_max_s: float = RETRY_PAUSE_MAX_S
 
 
 class GroupReader:
@@ -126,7 +107,8 @@ class GroupReader:
     def read_pending_next(self) -> None:
         """Entries left pending on purpose (the sink may not take them yet): the next read
         starts with this consumer's pending entries, from Redis (one it lost is gone from them),
-        and the pass in hand reads nothing further (see ``one_pass``)."""
+        and the pass in hand reads nothing further (see
+        ``seckill.workers.consumer.one_pass``)."""
         self._own_pending_first = True
 
     @property
@@ -185,7 +167,7 @@ class GroupReader:
                 if keys.events in self.streams:
                     continue
                 for group in sorted(groups):
-                    await _create_group(self._redis, keys.events, group)
+                    await create_group(self._redis, keys.events, group)
                 self.streams[keys.events] = keys
         for stream in self.streams.keys() - registered:
             del self.streams[stream]
@@ -330,6 +312,15 @@ class GroupReader:
         )
         return int(pending[0]["times_delivered"]) if pending else 1
 
+    async def still_there(self, entries: Sequence[Entry]) -> list[bool]:
+        """Whether each entry is still on its stream: Redis may have lost some since they were
+        read (a restart from an older AOF, a lagging replica promoted). One pipelined read."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for entry in entries:
+                pipe.xrange(entry.keys.events, entry.entry_id, entry.entry_id, count=1)
+            found = await pipe.execute()
+        return [bool(hit) for hit in found]
+
     async def older_pending(self, entry: Entry) -> bool:
         """Is an earlier entry of the stream delivered but not yet acknowledged (any consumer)?"""
         ms, seq = stream_position(entry.entry_id)
@@ -387,211 +378,3 @@ class GroupReader:
                 for stream, name in quiet:
                     pipe.xgroup_delconsumer(stream, self.group, name)
                 await pipe.execute()
-
-
-async def _create_group(redis: RedisClient, stream: str, group: str) -> None:
-    """``group`` on ``stream`` from its first entry (and the stream, if missing), unless there."""
-    try:
-        await redis.xgroup_create(stream, group, id="0", mkstream=True)
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-
-
-async def register_groups(
-    redis: RedisClient, prefix: str, groups: Sequence[str], streams: Sequence[str]
-) -> None:
-    """Put ``groups`` in the registry and make each on every one of ``streams`` (with the
-    stream, if missing) from its first entry, unless there: what recovery does before it gives
-    a stream events back, so no trim drops one a registered group has not read."""
-    if not groups:
-        return
-    await redis.sadd(stream_groups_registry(prefix), *groups)
-    for stream in streams:
-        for group in groups:
-            await _create_group(redis, stream, group)
-
-
-async def registered_groups(redis: RedisClient, prefix: str) -> list[str]:
-    """The groups that follow every item stream (see the module's docstring)."""
-    return sorted(cast(set[str], await redis.smembers(stream_groups_registry(prefix))))
-
-
-async def retire_group(redis: RedisClient, prefix: str, group: str) -> int:
-    """Take ``group`` out of service for good: off the registry, and off every item stream
-    (what it had not acknowledged is trimmed as the others move on). Returns the streams it
-    left. A reader of that group still running registers it again within a second."""
-    await redis.srem(stream_groups_registry(prefix), group)
-    shard_counts = ShardCounts(redis, prefix)
-    left = 0
-    for item_id in await registered_items(redis, prefix):
-        for shard in range(await shard_counts.of(item_id)):
-            try:
-                left += int(
-                    await redis.xgroup_destroy(item_keys(item_id, prefix, shard).events, group)
-                )
-            except ResponseError:  # no such stream
-                continue
-    return left
-
-
-Lot = TypeVar("Lot")
-Prepare = Callable[[list[Entry]], Lot]
-"""What a consumer makes of entries as soon as they are read, before its sink is free (the
-persister decodes them): work done while the lot before them is still with the sink."""
-Handle = Callable[[Lot], Awaitable[int]]
-"""What a consumer does with a prepared lot: hands it to its sink, acknowledges what the sink has
-(and dead-letters what it never will), and returns how many entries it is done with."""
-
-
-def as_read(entries: list[Entry]) -> list[Entry]:
-    """The ``Prepare`` of a consumer that handles entries as they were read."""
-    return entries
-
-
-# How long one pass goes on handling a backlog lot after lot before its upkeep (claims,
-# discovery, trims) is due again; a sink that took longer over one lot stalled (see one_pass).
-BACKLOG_PASS_S = 1.0
-
-
-async def one_pass(
-    reader: GroupReader,
-    handle: Handle[Lot],
-    *,
-    prepare: Prepare[Lot],
-    linger_s: float = 0.0,
-) -> int:
-    """One pass of a worker that reads through ``reader`` (the persister, a bridge): claim a
-    dead consumer's entries and handle them, read new ones and handle them, trim when due;
-    returns the entries done. ``linger_s``: after a part-full read, wait this long so that under
-    load the next lot gathers more.
-
-    Through a backlog the pass reads ahead: while the sink takes one lot, the next is read and
-    prepared, in the time the sink's server works, for up to ``BACKLOG_PASS_S``. A lot is
-    handled only after the one before it, so a stream's entries still land in order. A lot read
-    ahead while the sink stalled (an outage) is not handled: Redis may have lost entries since,
-    so the next read takes this consumer's pending entries again from Redis.
-
-    A lot that leaves entries pending on purpose (``GroupReader.read_pending_next``: a bridge
-    whose events SQL has not landed yet) ends the pass: the lot read ahead is not handled, and
-    the next read starts with the pending entries, so nothing newer of their streams goes first.
-
-    When Redis fails under it, the next read starts with the consumer's own pending entries;
-    when a stream lost its group (Redis restarted empty, FLUSHALL, an older AOF; ``seckill
-    recover`` puts the items back), the streams are followed afresh (an archived item's among
-    them)."""
-
-    async def read(*, block: bool) -> tuple[int, Lot]:
-        entries = await reader.read(block=block)
-        return len(entries), prepare(entries)
-
-    try:
-        claimed = await reader.upkeep()
-        if not reader.streams:
-            await asyncio.sleep(reader.config.block_ms / 1000)
-            return 0
-        done = await handle(prepare(claimed))
-        count, lot = await read(block=not done)
-        until = time.monotonic() + BACKLOG_PASS_S
-        while True:
-            ahead = None
-            if reader.more_waiting and time.monotonic() < until:
-                ahead = asyncio.ensure_future(read(block=False))
-            handed = time.monotonic()
-            try:
-                done += await handle(lot)
-            except BaseException:
-                if ahead is not None:
-                    await reader.abandon(ahead)
-                raise
-            if ahead is None:
-                break
-            if reader.pending_next:  # the lot left entries pending: none after them goes first
-                await reader.abandon(ahead)
-                break
-            if time.monotonic() - handed > BACKLOG_PASS_S:  # the sink stalled
-                await reader.abandon(ahead)
-                break
-            count, lot = await ahead
-        await reader.trim_if_due()
-        if linger_s and 0 < count < reader.config.batch_size:
-            await asyncio.sleep(linger_s)
-        return done
-    except REDIS_UNAVAILABLE:
-        reader.redis_failed()
-        raise
-    except ResponseError as exc:
-        # NOGROUP alone, or inside a cluster pipeline's "Command # n (...) of pipeline caused
-        # error"; UNBLOCKED: a read blocked on a stream that was deleted (Redis 7).
-        if "NOGROUP" not in str(exc) and not str(exc).startswith("UNBLOCKED"):
-            raise
-        log.warning("%s: a stream lost its consumer group (%s); rediscovering", reader.group, exc)
-        reader.forget_streams()
-        return 0
-
-
-async def acknowledged_below(redis: RedisClient, stream: str) -> str | None:
-    """The lowest entry id some group of the stream still needs (pending, or not delivered
-    yet); everything below it is done with. None: the stream has no group."""
-    [below] = await acknowledged_below_each(redis, [stream])
-    return below
-
-
-async def acknowledged_below_each(redis: RedisClient, streams: Sequence[str]) -> list[str | None]:
-    """``acknowledged_below`` of each stream, in order: two pipelines (XINFO GROUPS of each,
-    then XPENDING of each group with entries pending). None: no such stream, or no group."""
-    if not streams:
-        return []
-    async with redis.pipeline(transaction=False) as pipe:
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-        replies = await pipe.execute(raise_on_error=False)
-    groups_of: list[list[dict[str, Any]]] = []
-    for reply in replies:
-        if isinstance(reply, ResponseError):  # no such stream: nothing to trim
-            reply = []
-        elif isinstance(reply, Exception):
-            raise reply
-        groups_of.append(cast(list[dict[str, Any]], reply))
-    pending = [
-        (stream, group["name"])
-        for stream, groups in zip(streams, groups_of, strict=True)
-        for group in groups
-        if group["pending"]
-    ]
-    summaries: dict[tuple[str, str], dict[str, Any]] = {}
-    if pending:
-        async with redis.pipeline(transaction=False) as pipe:
-            for stream, name in pending:
-                pipe.xpending(stream, name)
-            summaries = dict(zip(pending, await pipe.execute(), strict=True))
-    below: list[str | None] = []
-    for stream, groups in zip(streams, groups_of, strict=True):
-        needed: list[str] = []
-        for group in groups:
-            # Another consumer may acknowledge in between: no pending entry left is fine.
-            summary = summaries.get((stream, group["name"])) or {}
-            if summary.get("min"):
-                needed.append(summary["min"])
-            else:
-                ms, seq = stream_position(group["last-delivered-id"])
-                needed.append(f"{ms}-{seq + 1}")
-        below.append(min(needed, key=stream_position) if needed else None)
-    return below
-
-
-async def trim_streams(redis: RedisClient, streams: Sequence[str]) -> None:
-    """Drop the entries of each stream that every group of it has acknowledged (one XTRIM
-    each, in one pipeline, after ``acknowledged_below_each``)."""
-    trims = [
-        (stream, below)
-        for stream, below in zip(
-            streams, await acknowledged_below_each(redis, streams), strict=True
-        )
-        if below is not None
-    ]
-    if trims:
-        async with redis.pipeline(transaction=False) as pipe:
-            for stream, below in trims:
-                pipe.xtrim(stream, minid=below)
-            await pipe.execute()

@@ -1,4 +1,4 @@
-"""The consumer groups that follow every item stream (``engine/group_reader.py``), as an
+"""The consumer groups that follow every item stream (``seckill.engine.group_registry``), as an
 operator sees them: which are registered, and retiring one taken out of service for good (a
 bridge to a broker the shop no longer uses), so the streams stop keeping what it never reads.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from seckill.domain.dead_letters import PERSISTER_GROUP
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import register_groups, registered_groups, retire_group
+from seckill.engine.group_registry import register_groups, registered_groups, retire_group
 from seckill.store.ledger import Ledger
 
 

@@ -1,5 +1,5 @@
 """The durable copy of the registry of consumer groups that follow every item stream, part of
-the ledger (``store/ledger.py``). Redis's registry (``engine/group_reader.py``) is the one the
+the ledger (``store/ledger.py``). Redis's registry (``engine/group_registry.py``) is the one the
 readers use; this one outlives Redis, so recovery can make every registered group again on a
 stream before it gives the stream its events back."""
 

@@ -268,7 +268,7 @@ class Repair(Base):
 
 class StreamGroup(Base):
     """A consumer group that follows every item stream (a bridge's, ``bridge-<sink>``), as its
-    readers registered it: the durable copy of Redis's registry (``engine/group_reader.py``),
+    readers registered it: the durable copy of Redis's registry (``engine/group_registry.py``),
     which recovery puts back before it gives a stream its events again. The persister's group
     is always registered and is not listed here."""
 

@@ -2,7 +2,7 @@
 systems, once SQL has them.
 
 A consumer group of its own on every item stream (``bridge_group``: one per sink, beside the
-persister's, each with its own progress), read through ``seckill.engine.group_reader``. Each
+persister's, each with its own progress), read through ``seckill.workers.consumer``. Each
 pass publishes a batch through the sink (``seckill.sinks``) and acknowledges an entry **only
 once the broker confirmed it**, so a crash or an outage never loses an event: it is published
 again, with the same message id, and the consumer (or NATS itself) drops the copy.
@@ -52,12 +52,11 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
-from seckill.domain.dead_letters import DeadLetter, dead_letter_fields
+from seckill.domain.dead_letters import DeadLetter
 from seckill.domain.events import BadEvent, StockEvent, decode_event
 from seckill.engine.cluster import RedisClient
-from seckill.engine.group_reader import ConsumerConfig, Entry, GroupReader, as_read, one_pass
+from seckill.engine.group_reader import Entry
 from seckill.observability import metrics
 from seckill.sinks import (
     Message,
@@ -70,6 +69,7 @@ from seckill.sinks import (
 from seckill.store.database import is_transient
 from seckill.store.landing import EventKey
 from seckill.store.ledger import Ledger
+from seckill.workers.consumer import ConsumerConfig, StreamConsumer, as_read
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,6 @@ class Bridge:
         config: BridgeConfig | None = None,
         stop: asyncio.Event | None = None,
     ) -> None:
-        self._redis = redis
         self._ledger = ledger
         self._sink = sink
         # The host's name, the same after a restart: the bridge then starts with what it had
@@ -122,10 +121,12 @@ class Bridge:
         self.config = config or BridgeConfig()
         self._stop = stop or asyncio.Event()
         self.group = bridge_group(sink.name)
-        self._reader = GroupReader(
+        self._consumer = StreamConsumer(
             redis=redis, group=self.group, consumer=self.consumer, prefix=prefix,
-            config=self.config,
+            config=self.config, stop=self._stop,
+            dead_letters=metrics.BRIDGE_DEAD_LETTERS.labels(sink=sink.name),
         )  # fmt: skip
+        self._reader = self._consumer.reader
         self._reader.redis_failed()  # its own pending entries first
         self._published = metrics.BRIDGE_PUBLISHED.labels(sink=sink.name)
         self._retries = metrics.BRIDGE_RETRIES.labels(sink=sink.name)
@@ -139,15 +140,19 @@ class Bridge:
         self._held: dict[str, tuple[str, float]] = {}
         self._refused: dict[tuple[str, str], _Refused] = {}
         self.forwarded = 0
-        self.dead_lettered = 0
         self.never_landed = 0  # events the persister's operator dropped: never published
+
+    @property
+    def dead_lettered(self) -> int:
+        """Entries this bridge gave up on."""
+        return self._consumer.dead_lettered
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, publish those SQL has; returns the entries
         confirmed."""
         await self._register()
         self._waiting = self._moved = False
-        done = await one_pass(self._reader, self._forward, prepare=as_read)
+        done = await self._consumer.run_pass(self._forward, prepare=as_read)
         now = time.monotonic()
         if self._moved or not self._waiting:
             self._still_since = now
@@ -183,7 +188,7 @@ class Bridge:
                 event = decode_event(entry.entry_id, entry.fields, shard=entry.keys.shard)
                 message = order_message(event, stream=entry.keys.events)
             except BadEvent as exc:
-                await self._dead_letter(entry, str(exc), deliveries=1)
+                await self._consumer.dead_letter(entry, str(exc), deliveries=1)
                 continue
             read.append((entry, event, message))
         landed = await self._landed([event for _, event, message in read if message])
@@ -206,7 +211,7 @@ class Bridge:
             elif not await self._never_lands(entry, letters.get((stream, entry.entry_id))):
                 held.add(stream)
         confirmed = await self._publish(sendable)
-        await self._reader.ack(confirmed + done)
+        await self._consumer.ack(confirmed + done)
         if self._refused:
             for entry in confirmed:
                 self._refused.pop((entry.keys.events, entry.entry_id), None)
@@ -270,7 +275,7 @@ class Bridge:
         if letter is None or letter.replayed_at is not None:
             return False  # still the persister's to land (or landed since SQL was asked)
         if letter.dropped_at is not None:
-            await self._reader.ack([entry])
+            await self._consumer.ack([entry])
             self.never_landed += 1
             log.warning("entry %s of %s never landed (its dead letter %s was dropped): not "
                         "published", entry.entry_id, entry.keys.events, letter.id)  # fmt: skip
@@ -279,7 +284,7 @@ class Bridge:
                 f"not in SQL: the persister set it aside as dead letter {letter.id} "
                 f"({letter.error}); replay that one first, then this one"
             )
-            await self._dead_letter(entry, error, deliveries=letter.deliveries)
+            await self._consumer.dead_letter(entry, error, deliveries=letter.deliveries)
         self._moved = True
         return True
 
@@ -289,21 +294,15 @@ class Bridge:
 
     async def _publish(self, batch: Sequence[tuple[Entry, Message]]) -> list[Entry]:
         """The entries whose messages the broker confirmed, retrying while it is unreachable."""
-        pause = self.config.retry_pause_s
+        backoff = self._consumer.backoff()
         while batch:
             try:
                 await self._sink.publish([message for _, message in batch])
                 return [entry for entry, _ in batch]
             except SinkUnavailable as exc:
                 self._retries.inc()
-                if self._stop.is_set():
-                    log.warning("stopping with %s unreachable; %d entries stay pending",
-                                self._sink.name, len(batch))  # fmt: skip
+                if not await backoff.wait(f"{self._sink.name} unreachable ({exc})", len(batch)):
                     return []
-                log.warning("%s unreachable (%s); publishing again in %.1f s",
-                            self._sink.name, exc, pause)  # fmt: skip
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, self.config.retry_pause_max_s)
             except SinkRefused as exc:
                 self._retries.inc()
                 refused = set(exc.message_ids)
@@ -321,25 +320,9 @@ class Bridge:
         refused = self._refused.setdefault(key, _Refused(0, 0.0))
         refused.times += 1
         refused.again_at = time.monotonic() + self.config.claim_idle_ms / 1000
-        if refused.times < self.config.max_deliveries:
-            log.warning("%s refused entry %s of %s (refusal %d of %d): %s", self._sink.name,
-                        entry.entry_id, entry.keys.events, refused.times,
-                        self.config.max_deliveries, error)  # fmt: skip
-            return
-        del self._refused[key]
-        await self._dead_letter(entry, error, deliveries=refused.times)
-
-    async def _dead_letter(self, entry: Entry, error: str, *, deliveries: int) -> None:
-        dead = dead_letter_fields(
-            entry.fields, entry_id=entry.entry_id, group=self.group, error=error,
-            deliveries=deliveries,
-        )  # fmt: skip
-        await self._redis.xadd(entry.keys.dead_letters, cast(Any, dead))
-        await self._reader.ack([entry])
-        self.dead_lettered += 1
-        metrics.BRIDGE_DEAD_LETTERS.labels(sink=self._sink.name).inc()
-        log.error("entry %s of %s is a dead letter of %s: %s", entry.entry_id,
-                  entry.keys.events, self.group, error)  # fmt: skip
+        refusal = f"{self._sink.name} refused it: {error}"
+        if await self._consumer.failed(entry, refusal, deliveries=refused.times):
+            del self._refused[key]
 
     async def close(self) -> None:
         await self._sink.close()

@@ -12,9 +12,11 @@ import logging
 import signal
 from typing import Protocol
 
-from seckill.engine.group_reader import RETRY_PAUSE_MAX_S
-
 log = logging.getLogger(__name__)
+
+# The longest pause between two tries of something failing (a sink down, a pass that raised):
+# long enough not to hammer what is down, short enough to notice it is back.
+RETRY_PAUSE_MAX_S = 5.0
 
 
 class Worker(Protocol):

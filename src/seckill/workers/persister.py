@@ -1,15 +1,16 @@
 """The persister: lands every item stream's events in SQL through the ledger.
 
 One consumer group (``seckill.engine.streams.GROUP``) on every item stream, read through
-``seckill.engine.group_reader`` (discovery, one read per pass over every stream, claiming a dead
+``seckill.workers.consumer`` (discovery, one read per pass over every stream, claiming a dead
 consumer's entries, starting again from its own pending entries after Redis failed, trimming,
-reading ahead through a backlog). Each batch lands in one transaction, then is XACKed, so an
-entry is acknowledged only once it is in SQL. Through a backlog the next batch is read and
-decoded meanwhile, and its landing begins (``_prepare``): its own transaction locks its orders,
-plans and writes its rows, then waits for its turn (``_turn``): the batch before it in SQL, so
-each item's counters move in stream order. A batch naming an order of the one before it begins
-only once that one has landed. Several persister processes share the group safely: the ledger
-makes every event idempotent and order-independent.
+reading ahead through a backlog, delivery counts and dead letters). Each batch lands in one
+transaction, then is XACKed, so an entry is acknowledged only once it is in SQL. Through a
+backlog the next batch is read and decoded meanwhile, and its landing begins (``_prepare``):
+its own transaction locks its orders, plans and writes its rows, then waits for its turn
+(``_turn``): the batch before it in SQL, so each item's counters move in stream order. A batch
+naming an order of the one before it begins only once that one has landed. Several persister
+processes share the group safely: the ledger makes every event idempotent and
+order-independent.
 
 Failures, by kind:
 - the database is unreachable: the batch is retried as it is (no delivery counted) until it
@@ -46,23 +47,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
 
-from seckill.domain.dead_letters import dead_letter_fields
 from seckill.domain.events import AheadOfStream, BadEvent, EventKind, StockEvent, decode_event
 from seckill.engine.cluster import RedisClient
 from seckill.engine.engine import RedisEngine
-from seckill.engine.group_reader import (
-    BACKLOG_PASS_S,
-    ConsumerConfig,
-    Entry,
-    GroupReader,
-    one_pass,
-)
+from seckill.engine.group_reader import Entry
 from seckill.engine.streams import GROUP
 from seckill.observability import metrics
 from seckill.store.database import is_race, is_transient
 from seckill.store.ledger import Ledger
+from seckill.workers.consumer import BACKLOG_PASS_S, ConsumerConfig, StreamConsumer
 
 log = logging.getLogger(__name__)
 
@@ -100,25 +94,30 @@ class Persister:
         stop: asyncio.Event | None = None,
         engine: RedisEngine | None = None,
     ) -> None:
-        self._redis = redis
         self._ledger = ledger
         self._engine = engine  # to fence a shard found behind SQL
         self.consumer = consumer or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.config = config or PersisterConfig()
-        self._stop = stop or asyncio.Event()
-        self._reader = GroupReader(
-            redis=redis, group=GROUP, consumer=self.consumer, prefix=prefix, config=self.config
-        )
+        self._consumer = StreamConsumer(
+            redis=redis, group=GROUP, consumer=self.consumer, prefix=prefix, config=self.config,
+            stop=stop or asyncio.Event(), dead_letters=metrics.DEAD_LETTERS,
+            keep_letter=self._keep_letter,
+        )  # fmt: skip
+        self._reader = self._consumer.reader
         self.landed = 0
-        self.dead_lettered = 0
         self.races = 0  # batches retried after another persister took a key first
+
+    @property
+    def dead_lettered(self) -> int:
+        """Entries this persister gave up on."""
+        return self._consumer.dead_lettered
 
     async def run_once(self) -> int:
         """Claim idle entries, read new ones, land them; returns the entries acknowledged."""
         lots: list[_Lot] = []  # this pass's not landed yet, and the last one read
         try:
-            return await one_pass(
-                self._reader, self._land, prepare=partial(self._prepare, lots),
+            return await self._consumer.run_pass(
+                self._land, prepare=partial(self._prepare, lots),
                 linger_s=self.config.linger_ms / 1000,
             )  # fmt: skip
         finally:
@@ -158,7 +157,7 @@ class Persister:
         try:
             landed = await self._land_begun(lot.landing, decoded) if lot.landing else None
             for entry, error in lot.undecodable:
-                await self._failed(entry, error)
+                await self._consumer.failed(entry, error)
             if landed is None:
                 landed = await self._apply(decoded)
         except BaseException:
@@ -168,7 +167,7 @@ class Persister:
         lot.settled.set_result(time.monotonic() - started <= BACKLOG_PASS_S)
         if not decoded:
             return 0
-        await self._reader.ack(landed)
+        await self._consumer.ack(landed)
         self.landed += len(landed)
         if landed:
             metrics.PERSISTER_BATCH_SIZE.observe(len(landed))
@@ -197,7 +196,7 @@ class Persister:
         """Land what can land; returns those entries. Splits around entries that cannot."""
         if not batch:
             return []
-        pause = self.config.retry_pause_s
+        backoff = self._consumer.backoff()
         races = 0
         while True:
             try:
@@ -214,13 +213,8 @@ class Persister:
                     continue
                 _FAILURES.inc()
                 if is_transient(exc):
-                    if self._stop.is_set():
-                        log.warning("stopping with the database unavailable; %d entries stay "
-                                    "pending for another persister", len(batch))  # fmt: skip
+                    if not await backoff.wait(f"the database unavailable ({exc})", len(batch)):
                         return []
-                    log.warning("database unavailable (%s); retrying in %.1f s", exc, pause)
-                    await asyncio.sleep(pause)
-                    pause = min(pause * 2, self.config.retry_pause_max_s)
                     batch = await self._still_in_redis(batch)
                     if not batch:
                         return []
@@ -234,7 +228,7 @@ class Persister:
                             log.info("entry %s waits for earlier entries: %s", entry.entry_id, exc)
                             return []
                         await self._fence(entry, str(exc))
-                    await self._failed(entry, f"{type(exc).__name__}: {exc}")
+                    await self._consumer.failed(entry, f"{type(exc).__name__}: {exc}")
                     return []
                 half = len(batch) // 2
                 return await self._apply(batch[:half]) + await self._apply(batch[half:])
@@ -245,11 +239,8 @@ class Persister:
         """The entries of ``batch`` their streams still have. During an outage Redis may have
         lost some (a restart from an older AOF, a lagging replica promoted) and the reconciler
         found SQL agreeing without them: landing them late would record what Redis no longer
-        holds (a unit it may have sold again). One pipelined read."""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for entry, _ in batch:
-                pipe.xrange(entry.keys.events, entry.entry_id, entry.entry_id, count=1)
-            found = await pipe.execute()
+        holds (a unit it may have sold again)."""
+        found = await self._reader.still_there([entry for entry, _ in batch])
         kept = [pair for pair, hit in zip(batch, found, strict=True) if hit]
         if len(kept) < len(batch):
             log.warning("%d entries read before the outage are gone from Redis (it lost writes): "
@@ -265,15 +256,9 @@ class Persister:
         log.error("item %d shard %d fenced: Redis is behind SQL (%s)", keys.item_id, keys.shard,
                   error)  # fmt: skip
 
-    async def _failed(self, entry: Entry, error: str) -> None:
-        """An entry that cannot land: dead-letter it once delivered often enough, else wait."""
-        deliveries = await self._reader.deliveries(entry)
-        if deliveries < self.config.max_deliveries:
-            log.warning(
-                "entry %s of %s failed (delivery %d of %d): %s",
-                entry.entry_id, entry.keys.events, deliveries, self.config.max_deliveries, error,
-            )  # fmt: skip
-            return
+    async def _keep_letter(self, entry: Entry, *, error: str, deliveries: int) -> None:
+        """A dead letter of the persister is a row in SQL too, where operators list, replay and
+        drop them."""
         await self._ledger.add_dead_letter(
             stream=entry.keys.events,
             entry_id=entry.entry_id,
@@ -281,14 +266,6 @@ class Persister:
             error=error,
             deliveries=deliveries,
         )
-        dead = dead_letter_fields(
-            entry.fields, entry_id=entry.entry_id, group=GROUP, error=error, deliveries=deliveries
-        )
-        await self._redis.xadd(entry.keys.dead_letters, cast(Any, dead))
-        await self._reader.ack([entry])
-        self.dead_lettered += 1
-        metrics.DEAD_LETTERS.inc()
-        log.error("entry %s of %s is a dead letter: %s", entry.entry_id, entry.keys.events, error)
 
 
 @dataclass(slots=True)
