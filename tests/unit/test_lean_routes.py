@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from starlette.requests import Request
 
 from seckill.api.auth import bearer_token
+from seckill.api.buyers import _quantity, held_body, idempotency_key
 from seckill.api.errors import ApiError
-from seckill.api.lean_routes import _item_id, _quantity, held_body, idempotency_key
+from seckill.api.lean_routes import _item_id
 from seckill.api.paths import PURCHASE_PATH
 from seckill.api.schemas import ReservationOut
 from seckill.domain.orders import OrderStatus

@@ -28,7 +28,8 @@ from seckill.api import (
 )
 from seckill.api.drain import Drain
 from seckill.api.errors import install_error_handlers
-from seckill.api.lean_routes import LeanRoutes
+from seckill.api.lean_routes import LIVEZ, LeanRoutes
+from seckill.api.lean_schema import with_lean_routes
 from seckill.api.limits import BodySizeLimit
 from seckill.api.metrics import HttpMetrics, refresh_stream_gauges_logged
 from seckill.api.query_strings import query_once
@@ -61,6 +62,7 @@ class SeckillApi(FastAPI):
     ) -> None:
         super().__init__(**options)
         self.lean_routes = lean_routes
+        self._with_lean_routes: dict[str, Any] | None = None
         self.cors: ASGIApp | None = None
         if cors_origins:
             self.cors = CORSMiddleware(
@@ -82,6 +84,17 @@ class SeckillApi(FastAPI):
             await self.lean_routes.serve(route, scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        """The schema: the framework's routes' entries, and the lean routes' from their
+        declarations (``seckill.api.lean_schema``)."""
+        # The framework keeps the schema it is given back until its routes change.
+        framework = super().openapi()
+        if framework is self._with_lean_routes:
+            return framework
+        schema = with_lean_routes(framework, self.lean_routes.routes)
+        self.openapi_schema = self._with_lean_routes = schema
+        return schema
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Each request, behind CORS: a lean route's, or the framework's."""
@@ -126,8 +139,14 @@ def create_app(
                 )
             yield
 
+    served_lean = (  # tried in this order: the purchase first
+        buyers.BUY, tickets.ISSUE_TICKET, buyers.GET_ITEM, queue.JOIN_QUEUE, queue.QUEUE_STANDING,
+        LIVEZ,
+    )  # fmt: skip
     lean_routes = LeanRoutes(
-        max_in_flight=settings.admission_max_in_flight, max_body_bytes=settings.max_body_bytes
+        routes=served_lean,
+        max_in_flight=settings.admission_max_in_flight,
+        max_body_bytes=settings.max_body_bytes,
     )
     app = SeckillApi(
         lean_routes=lean_routes,
@@ -141,11 +160,12 @@ def create_app(
     app.state.drain = drain or Drain()
     install_error_handlers(app)
     routers = (
-        buyers, tickets, queue, admin, drift, refunds, dead_letters, payments, health,
-        dashboard, console, waiting_page,
+        buyers, admin, drift, refunds, dead_letters, payments, health, dashboard, console,
+        waiting_page,
     )  # fmt: skip
     for module in routers:
         app.include_router(module.router)
+    app.router.routes.extend(lean_routes.paths())  # another method there: 405, as on the others
     if settings.metrics_port is None:  # else served by the metrics listener, on its own port
         app.include_router(metrics.router)
     # The other routes' layers; the lean routes do the same for themselves.

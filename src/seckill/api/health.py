@@ -7,6 +7,9 @@ answers, its order-id worker id is usable, and it is not draining after SIGTERM.
 part of readiness: purchases are decided in Redis and wait in its streams while SQL is away, so
 a host that took itself out of rotation over SQL would stop the sale for nothing. ``/readyz``
 reports SQL all the same, as does ``seckill_dependency_up``.
+
+``/livez`` is a lean route, answered with no I/O ahead of the framework (``LIVEZ`` in
+``seckill.api.lean_routes``); the other two are the framework's.
 """
 
 from __future__ import annotations
@@ -20,8 +23,7 @@ from sqlalchemy import text
 
 from seckill.api.context import context
 from seckill.api.drain import Drain
-from seckill.api.paths import LIVEZ_ROUTE
-from seckill.api.schemas import HealthOut, LiveOut, ReadyOut
+from seckill.api.schemas import HealthOut, ReadyOut
 from seckill.bootstrap.services import Context
 from seckill.observability import metrics
 
@@ -38,13 +40,6 @@ Status = Literal["ok", "unavailable"]
 async def drain(request: Request) -> Drain:
     found: Drain = request.app.state.drain
     return found
-
-
-@router.get(LIVEZ_ROUTE, response_model=LiveOut)
-async def livez() -> LiveOut:
-    """Liveness: 200 while the process serves. No I/O; a store that is down never fails it."""
-    # GET is served by seckill.api.lean_routes, ahead of the framework; HEAD comes here.
-    return LiveOut(status="alive")
 
 
 @router.get("/readyz", response_model=ReadyOut, responses={503: {"model": ReadyOut}})

@@ -6,57 +6,48 @@ each of these cost several times its own work, so they are served here as plain 
 ASGI (``LeanRoutes.serve``: under granian, and behind CORS) or, under uvicorn, on the
 connection itself (``seckill.api.lean_http``), both answering through ``LeanRoutes.respond``:
 
-* ``GET /api/v1/items/{item_id}``: the item as buyers see it (the cache in front of SQL, the
-  units left read live, or 0 with no read while this process's sold-out flag stands);
-* ``POST /api/v1/items/{item_id}/tickets``: a purchase ticket for the caller (409 ``sold_out``
-  with no Redis call while the flag stands);
-* ``POST`` and ``GET /api/v1/items/{item_id}/queue``: join the waiting room, and ask where one
-  stands (for an item created with one; else 404 ``no_waiting_room``);
-* ``POST /api/v1/items/{item_id}/orders``: the purchase. In this order: the body's size (413
-  before it is read whole); admission (beyond ``admission_max_in_flight`` purchases in flight,
-  503 ``overloaded`` at once); the bearer token (401, 403 for an admin's); the item id and the
-  body (``{"quantity": n}``, optional; read by ``seckill.api.bodies``: 415, 422); the
-  ``Idempotency-Key`` (400 without one) and the ticket (403 ``invalid_ticket``); then
-  ``Purchases.buy``, one Redis round trip (the sold-out flag before it);
-* ``GET /livez``: the liveness probe, answered with no I/O at all.
+* ``GET /api/v1/items/{item_id}`` and ``POST /api/v1/items/{item_id}/orders``, the item read and
+  the purchase (``seckill.api.buyers``);
+* ``POST /api/v1/items/{item_id}/tickets``, a purchase ticket (``seckill.api.tickets``);
+* ``POST`` and ``GET /api/v1/items/{item_id}/queue``, the waiting room (``seckill.api.queue``);
+* ``GET /livez``: the liveness probe, answered here with no I/O at all.
+
+Each route is declared once, as a ``LeanRoute``: how it is served (its decide function, the
+bearer token's role, admission, its body) and what its OpenAPI entry says, which
+``seckill.api.lean_schema`` renders into the app's schema. Before its decide function runs, a
+route's request is read in this order: the body's size (413 before it is read whole);
+admission (beyond ``admission_max_in_flight`` purchases in flight, 503 ``overloaded`` at once);
+the query string (each name once), the item id (422) and the bearer token (401, 403 for another
+role's).
 
 Each request gets what the framework's layers give the other routes, from the same places: the
 request id (``seckill.api.request_ids``), the body limit and the JSON answer
 (``seckill.api.responses``), the answers to errors (``seckill.api.errors``), the metrics
-(``seckill.api.metrics``). Every route stays declared for the OpenAPI schema (in
-``seckill.api.buyers``, ``seckill.api.tickets``, ``seckill.api.queue`` and
-``seckill.api.health``), and the schema tests hold the answers given here to it. Anything else
-(another method, a trailing slash) goes on to the framework.
+(``seckill.api.metrics``). Anything else (another method, a trailing slash) goes on to the
+framework, whose router knows each lean route's path (``LeanPath``): another method is 405 and a
+trailing slash is redirected, as on its own routes.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
 from seckill.api.admission import RETRY_AFTER, Admission
 from seckill.api.auth import authorize, bearer_token
-from seckill.api.bodies import parse_body
-from seckill.api.buyers import item_out
 from seckill.api.errors import REFUSALS, ApiError, answer_for, refusal
 from seckill.api.metrics import record_request
-from seckill.api.paths import (
-    ITEM_ROUTE,
-    LIVEZ_ROUTE,
-    PURCHASE_ROUTE,
-    QUEUE_ROUTE,
-    TICKET_ROUTE,
-    route_pattern,
-)
+from seckill.api.paths import LIVEZ_ROUTE, route_pattern
 from seckill.api.query_strings import check_query_once
-from seckill.api.queue import standing_out
 from seckill.api.request_ids import HEADER as REQUEST_ID_HEADER
 from seckill.api.request_ids import request_id_from
 from seckill.api.responses import (
@@ -68,34 +59,18 @@ from seckill.api.responses import (
     error_body,
     send_json,
 )
-from seckill.api.schemas import BuyIn, LiveOut
-from seckill.api.tickets import ticket_out
+from seckill.api.schemas import LiveOut
 from seckill.bootstrap.services import Context
-from seckill.domain.orders import OrderStatus
-from seckill.domain.outcomes import ApiRefusal, Outcome
+from seckill.domain.outcomes import ApiRefusal
 from seckill.domain.rules import MAX_ID
 from seckill.observability import metrics
 from seckill.observability.logs import REQUEST_ID
-from seckill.security.passes import PASS_HEADER
-from seckill.security.tickets import TICKET_HEADER
 from seckill.security.tokens import Role
-from seckill.services.items import item_on_sale
-from seckill.services.sold_out import SoldOut
 
 log = logging.getLogger(__name__)
 
 # ASCII digits, no more of them than the largest id has: int() never parses a long string.
 _ITEM_ID = re.compile(f"[0-9]{{1,{len(str(MAX_ID))}}}")
-_TICKET = TICKET_HEADER.lower().encode()
-_PASS = PASS_HEADER.lower().encode()
-# A standing may be a second old anyway (each process reads a queue's front once for all).
-_CACHE_A_SECOND = [(b"cache-control", b"private, max-age=1")]
-_NO_BODY = BuyIn()
-# Purchase bodies read before, by (body, content type): reading one is a pure function of the
-# two, and a crowd sends a handful of distinct ones. Bounded: past it, each is read anew.
-_BODIES_READ: dict[tuple[bytes, bytes | None], BuyIn] = {}
-_REMEMBERED_BODIES = 256
-_REMEMBERED_BODY_BYTES = 64
 
 
 class Answer(NamedTuple):  # a tuple, not a frozen dataclass: built per request at half the cost
@@ -110,8 +85,8 @@ class Answer(NamedTuple):  # a tuple, not a frozen dataclass: built per request 
         return cls(problem.status, error_body(problem.code, problem.message), problem.code, extra)
 
 
-# The refusals a stampede gets by the thousand, answered once.
-_REFUSED = {outcome: Answer.error(refusal(outcome)) for outcome in REFUSALS}
+REFUSED = {outcome: Answer.error(refusal(outcome)) for outcome in REFUSALS}
+"""The refusals a stampede gets by the thousand, answered once."""
 _ALIVE = Answer(200, LiveOut(status="alive").model_dump_json().encode(), "200", [])
 
 
@@ -119,46 +94,101 @@ class Request(NamedTuple):
     """What a route reads of its request."""
 
     item_id: int  # 0 on a route without one (the liveness probe)
+    caller: str  # the bearer token's subject; "" on a route for anyone
     headers: dict[bytes, bytes]
     body: bytes
     request_id: str
 
 
 Decide = Callable[[Context, Request], Awaitable[Answer]]
+_NOTHING_ASKED = Request(0, "", {}, b"", "")  # what the liveness probe is given
 
 
 @dataclass(frozen=True, slots=True)
+class HeaderParam:
+    """A request header a lean route reads, as its OpenAPI entry declares it."""
+
+    name: str
+    description: str
+    required: bool = False
+    key: bytes = field(init=False)  # the name as the request's headers hold it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.name.lower().encode())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class LeanRoute:
+    """One lean route, declared once: how it is served, and what its OpenAPI entry says (its
+    summary and description are its decide function's name and docstring, as the framework takes
+    them from an endpoint's)."""
+
     method: str
     template: str  # the schema's path, and the metrics' ``route`` label
     decide: Decide
+    caller: Role | None = None  # the bearer token's role, checked before deciding (401, 403)
     admitted: bool = False  # held to the admission limit (the purchase)
-    takes_body: bool = False  # read whole (under the limit); else only its length is checked
+    # The JSON body it reads (optional to the client), read whole under the limit; without one,
+    # only a body's announced length is checked.
+    body: type[BaseModel] | None = None
+    headers: tuple[HeaderParam, ...] = ()
+    status: int = 200
+    answer: type[BaseModel]  # the body of the success
+    errors: Mapping[int | str, Mapping[str, Any]]  # as seckill.api.errors.documented gives them
+    tags: tuple[str, ...] = ("buyers",)
+    takes_body: bool = field(init=False)
     pattern: re.Pattern[str] = field(init=False)  # group 1: the item id as sent
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "takes_body", self.body is not None)
         object.__setattr__(self, "pattern", route_pattern(self.template))
 
 
-class LeanRoutes:
-    """The ASGI app for the lean routes; ``context`` is set when the API starts."""
+class LeanPath(BaseRoute):
+    """A lean route's path in the framework's router. A request reaches the framework on it only
+    with a method no lean route serves there (those are answered ahead of it): it is 405, as on
+    the framework's own routes, and the same path with a trailing slash is redirected to it."""
 
-    def __init__(self, *, max_in_flight: int, max_body_bytes: int) -> None:
+    def __init__(self, template: str, methods: Collection[str]) -> None:
+        self.path = template
+        self.methods = sorted(methods)
+        self._pattern = route_pattern(template)
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        # The path as the lean routes read it (LeanRoutes.route_of).
+        if scope["type"] == "http" and self._pattern.fullmatch(scope["path"]):
+            return Match.PARTIAL, {}
+        return Match.NONE, {}
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> Any:
+        raise NoMatchFound(name, path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise HTTPException(405, headers={"Allow": ", ".join(self.methods)})
+
+
+class LeanRoutes:
+    """The ASGI app for the lean routes; ``context`` is set when the API starts. ``routes`` are
+    tried in their order (the purchase first)."""
+
+    def __init__(
+        self, *, routes: Sequence[LeanRoute], max_in_flight: int, max_body_bytes: int
+    ) -> None:
         self.context: Context | None = None
+        self.routes = tuple(routes)
         self.admission = Admission(max_in_flight)
         self.body_limit = BodyLimit(max_body_bytes)
         self._too_large = Answer(
             413, self.body_limit.refusal, ApiRefusal.BODY_TOO_LARGE, [CONNECTION_CLOSE]
         )
         self._shed = Answer(503, self.admission.refusal, ApiRefusal.OVERLOADED, [RETRY_AFTER])
-        self._routes = [
-            LeanRoute("POST", PURCHASE_ROUTE, buy, admitted=True, takes_body=True),
-            LeanRoute("POST", TICKET_ROUTE, issue_ticket),
-            LeanRoute("GET", ITEM_ROUTE, read_item),
-            LeanRoute("POST", QUEUE_ROUTE, join_queue),
-            LeanRoute("GET", QUEUE_ROUTE, queue_standing),
-            LeanRoute("GET", LIVEZ_ROUTE, alive),
-        ]
+
+    def paths(self) -> list[LeanPath]:
+        """Each lean route's path, for the framework's router (see ``LeanPath``)."""
+        methods: dict[str, list[str]] = {}
+        for route in self.routes:
+            methods.setdefault(route.template, []).append(route.method)
+        return [LeanPath(template, served) for template, served in methods.items()]
 
     def route_of(self, scope: Scope) -> LeanRoute | None:
         """The lean route that serves this ASGI request, if one does."""
@@ -168,7 +198,7 @@ class LeanRoutes:
 
     def route_for(self, method: str, path: str) -> LeanRoute | None:
         """The lean route that serves ``method`` on ``path`` (decoded), if one does."""
-        for route in self._routes:
+        for route in self.routes:
             if route.method == method and route.pattern.fullmatch(path):
                 return route
         return None
@@ -240,103 +270,35 @@ class LeanRoutes:
         body: bytes,
         request_id: str,
     ) -> Answer:
-        if route.decide is alive:  # liveness asks nothing of the runtime, open or not
-            return _ALIVE
+        if route is LIVEZ:  # liveness asks nothing of the runtime, open or not, nor of the request
+            return await livez(self.context, _NOTHING_ASKED)
         ctx = self.context
         if ctx is None:
             raise RuntimeError("a lean route was called before the API started")
         if query_string:  # none of these routes takes one; still, each name once
             check_query_once(query_string)
         item_id = _item_id(route.pattern, path) if route.pattern.groups else 0
-        return await route.decide(ctx, Request(item_id, headers, body, request_id))
+        caller = "" if route.caller is None else _caller(ctx, headers, route.caller)
+        return await route.decide(ctx, Request(item_id, caller, headers, body, request_id))
 
 
-async def alive(ctx: Context, request: Request) -> Answer:
-    """``GET /livez``: the process serves (``_answer`` gives this before it needs a context)."""
+async def livez(ctx: Context | None, request: Request) -> Answer:
+    """Liveness: 200 while the process serves. No I/O; a store that is down never fails it."""
     return _ALIVE
 
 
-async def read_item(ctx: Context, request: Request) -> Answer:
-    seen = await item_on_sale(
-        ctx.item_cache, request.item_id, ledger=ctx.ledger, sold_out=ctx.sold_out
-    )
-    return Answer(200, item_out(seen).model_dump_json().encode(), "200", [])
+LIVEZ = LeanRoute(
+    method="GET", template=LIVEZ_ROUTE, decide=livez, answer=LiveOut, errors={}, tags=("health",)
+)
 
 
-async def issue_ticket(ctx: Context, request: Request) -> Answer:
-    buyer = _caller(ctx, request.headers, Role.BUYER)
-    try:
-        text, ticket = await ctx.tickets.issue(request.item_id, buyer=buyer)
-    except SoldOut:
-        return _REFUSED[Outcome.SOLD_OUT]  # the crowd after the last unit: an answer built once
-    return Answer(200, ticket_out(text, ticket).model_dump_json().encode(), "200", [])
-
-
-async def join_queue(ctx: Context, request: Request) -> Answer:
-    buyer = _caller(ctx, request.headers, Role.BUYER)
-    found = await ctx.waiting_room.join(request.item_id, buyer)
-    return Answer(200, standing_out(found).model_dump_json().encode(), "200", [])
-
-
-async def queue_standing(ctx: Context, request: Request) -> Answer:
-    buyer = _caller(ctx, request.headers, Role.BUYER)
-    queue_pass = _text(request.headers.get(_PASS))
-    found = await ctx.waiting_room.standing(request.item_id, buyer, queue_pass)
-    return Answer(200, standing_out(found).model_dump_json().encode(), "200", _CACHE_A_SECOND)
-
-
-async def buy(ctx: Context, request: Request) -> Answer:
-    headers, item_id = request.headers, request.item_id
-    buyer = _caller(ctx, headers, Role.BUYER)
-    quantity = _quantity(request.body, headers.get(b"content-type")).quantity
-    key = idempotency_key(_text(headers.get(b"idempotency-key")))
-    ctx.tickets.check(_text(headers.get(_TICKET)), item_id=item_id, buyer=buyer)
-    reservation = await ctx.purchases.buy(
-        item_id,
-        buyer=buyer,
-        quantity=quantity,
-        idempotency_key=key,
-        request_id=request.request_id,
-    )
-    if not reservation.accepted:
-        if reservation.retry_after_ms is None:
-            return _REFUSED[reservation.outcome]
-        return Answer.error(refusal(reservation))  # with its Retry-After
-    assert reservation.order_id is not None and reservation.deadline_ms is not None
-    held = held_body(reservation.order_id, item_id, quantity, reservation.deadline_ms)
-    return Answer(202, held, "reserved", [])
-
-
-def held_body(order_id: int, item_id: int, quantity: int, deadline_ms: int) -> bytes:
-    """The 202's body, byte for byte what ``ReservationOut`` writes (tests/unit/test_lean_routes.py
-    holds them equal): formatted here because the model costs a purchase 6 µs, this 2."""
-    seconds, ms = divmod(deadline_ms, 1000)
-    when = _second(seconds)
-    fraction = f".{ms:03d}000" if ms else ""  # pydantic writes microseconds, or none
-    return (
-        f'{{"order_id":"{order_id}","item_id":{item_id},"quantity":{quantity},'
-        f'"status":"{OrderStatus.HELD.value}","pay_before":"{when}{fraction}Z"}}'
-    ).encode()
-
-
-@functools.lru_cache(maxsize=4)  # a burst's deadlines fall in the same few seconds
-def _second(seconds: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-
-
-def idempotency_key(header: str | None) -> str:
-    """The key of an ``Idempotency-Key`` header; 400 ``idempotency_key_required`` without one."""
-    if header is None:
-        raise ApiError(400, ApiRefusal.IDEMPOTENCY_KEY_REQUIRED, "send an Idempotency-Key header")
-    # The draft's value is a structured-field string ("..."); a bare token is accepted too.
-    key = header.strip()
-    if len(key) >= 2 and key[0] == key[-1] == '"':
-        key = key[1:-1]
-    return key
+def header_text(value: bytes | None) -> str | None:
+    """A header's value as the framework reads it: Latin-1, so any byte decodes."""
+    return None if value is None else value.decode("latin-1")
 
 
 def _caller(ctx: Context, headers: dict[bytes, bytes], role: Role) -> str:
-    token = bearer_token(_text(headers.get(b"authorization")))
+    token = bearer_token(header_text(headers.get(b"authorization")))
     return authorize(ctx.tokens, token, role).subject
 
 
@@ -350,28 +312,9 @@ def _answer_to(exc: Exception, route: LeanRoute) -> Answer:
     return Answer.error(problem)
 
 
-def _text(value: bytes | None) -> str | None:
-    # Header values as the framework reads them: Latin-1, so any byte decodes.
-    return None if value is None else value.decode("latin-1")
-
-
 def _item_id(pattern: re.Pattern[str], path: str) -> int:
     match = pattern.fullmatch(path)
     text = match.group(1) if match else ""
     if _ITEM_ID.fullmatch(text) and 1 <= int(text) <= MAX_ID:
         return int(text)
     raise ApiError(422, ApiRefusal.INVALID_REQUEST, f"path.item_id: an integer from 1 to {MAX_ID}")
-
-
-def _quantity(body: bytes, content_type: bytes | None) -> BuyIn:
-    """The body as ``BuyIn``: none at all buys one unit; one sent is read as every body is,
-    once: a crowd sends the same few bodies, so what a short one said is remembered."""
-    if not body:
-        return _NO_BODY
-    key = (body, content_type)
-    read = _BODIES_READ.get(key)
-    if read is None:
-        read = parse_body(BuyIn, body, content_type)  # a refused body raises: never remembered
-        if len(body) <= _REMEMBERED_BODY_BYTES and len(_BODIES_READ) < _REMEMBERED_BODIES:
-            _BODIES_READ[key] = read
-    return read

@@ -2,9 +2,9 @@
 
 The lean routes' paths (``seckill.api.lean_routes``) are matched there, in the metrics (naming
 the route of a request answered before routing) and in the benchmarks' admission middleware, and
-declared for the OpenAPI schema in ``seckill.api.buyers``, ``seckill.api.tickets``,
-``seckill.api.queue`` and ``seckill.api.health`` (the liveness probe); all of them read them
-from here. Item ids are bounded by the domain's
+each route's declaration (in ``seckill.api.buyers``, ``seckill.api.tickets``,
+``seckill.api.queue``, and ``seckill.api.lean_routes`` for the liveness probe) names its path in
+the OpenAPI schema; all of them read them from here. Item ids are bounded by the domain's
 rule (``seckill.domain.rules.MAX_ID``: they fit a signed 64-bit SQL column), never restated.
 """
 
@@ -34,7 +34,8 @@ def route_pattern(template: str) -> re.Pattern[str]:
 PURCHASE_PATH = route_pattern(PURCHASE_ROUTE)
 
 ItemId = Annotated[int, Path(ge=1, le=MAX_ID)]
-"""An ``{item_id}`` path parameter, for the routes served through the framework."""
+"""An ``{item_id}`` path parameter: the framework's routes read it, and the lean routes' schema
+entries declare theirs with it."""
 
 
 def is_purchase(scope: Scope) -> bool:

@@ -4,25 +4,25 @@
 there, and answers their standing with a signed pass. ``GET`` on the same path, with the pass in
 ``Seckill-Queue-Pass``, answers the standing again: cheap (nothing written, no read of the
 buyer's place), and cacheable for a second. Once the state reads ``admitted``, the buyer takes a
-ticket (``POST .../tickets``) and buys as usual. Both are served by ``seckill.api.lean_routes``;
-the routes here declare them for the schema. See ``seckill.services.waiting_room``.
+ticket (``POST .../tickets``) and buys as usual. Both are lean routes (``JOIN_QUEUE``,
+``QUEUE_STANDING``: see ``seckill.api.lean_routes``). See ``seckill.services.waiting_room``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict, Field
 
-from seckill.api.auth import BuyerIdentity
 from seckill.api.errors import documented
-from seckill.api.paths import QUEUE_ROUTE, ItemId
+from seckill.api.lean_routes import Answer, HeaderParam, LeanRoute, Request, header_text
+from seckill.api.paths import QUEUE_ROUTE
+from seckill.bootstrap.services import Context
 from seckill.domain.queue import QueueState
 from seckill.security.passes import PASS_HEADER
+from seckill.security.tokens import Role
 from seckill.services.waiting_room import Standing
 
-router = APIRouter(prefix="/api/v1", tags=["buyers"])
+# A standing may be a second old anyway (each process reads a queue's front once for all).
+_CACHE_A_SECOND = [(b"cache-control", b"private, max-age=1")]
 
 
 class StandingOut(BaseModel):
@@ -49,34 +49,44 @@ class StandingOut(BaseModel):
     )
 
 
-PassHeader = Annotated[
-    str | None,
-    Header(alias=PASS_HEADER, description="The pass from joining (403 invalid_pass without)."),
-]
-
-
-@router.post(
-    QUEUE_ROUTE.removeprefix(router.prefix),
-    response_model=StandingOut,
-    responses=documented(401, 403, 404, 422, 503),
+PASS_PARAM = HeaderParam(
+    name=PASS_HEADER, description="The pass from joining (403 invalid_pass without)."
 )
-async def join_queue(item_id: ItemId, buyer: BuyerIdentity) -> StandingOut:
+_PASS = PASS_PARAM.key
+
+
+async def join_queue(ctx: Context, request: Request) -> Answer:
     """Join the item's waiting room (from ``queue_open_seconds`` before the sale), or be told
     your place again. Joiners before the start are placed in a random order at the start,
     later ones in the order they came. 404 ``no_waiting_room`` when the server runs none."""
-    raise NotImplementedError("the queue is served by seckill.api.lean_routes")
+    found = await ctx.waiting_room.join(request.item_id, request.caller)
+    return Answer(200, standing_out(found).model_dump_json().encode(), "200", [])
 
 
-@router.get(
-    QUEUE_ROUTE.removeprefix(router.prefix),
-    response_model=StandingOut,
-    responses=documented(401, 403, 404, 422, 503),
-)
-async def queue_standing(
-    item_id: ItemId, buyer: BuyerIdentity, queue_pass: PassHeader = None
-) -> StandingOut:
+async def queue_standing(ctx: Context, request: Request) -> Answer:
     """Where you stand in the item's waiting room. Answers may be a second old."""
-    raise NotImplementedError("the queue is served by seckill.api.lean_routes")
+    queue_pass = header_text(request.headers.get(_PASS))
+    found = await ctx.waiting_room.standing(request.item_id, request.caller, queue_pass)
+    return Answer(200, standing_out(found).model_dump_json().encode(), "200", _CACHE_A_SECOND)
+
+
+JOIN_QUEUE = LeanRoute(
+    method="POST",
+    template=QUEUE_ROUTE,
+    decide=join_queue,
+    caller=Role.BUYER,
+    answer=StandingOut,
+    errors=documented(401, 403, 404, 422, 503),
+)
+QUEUE_STANDING = LeanRoute(
+    method="GET",
+    template=QUEUE_ROUTE,
+    decide=queue_standing,
+    caller=Role.BUYER,
+    headers=(PASS_PARAM,),
+    answer=StandingOut,
+    errors=documented(401, 403, 404, 422, 503),
+)
 
 
 def standing_out(found: Standing) -> StandingOut:
