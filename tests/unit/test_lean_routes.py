@@ -4,6 +4,7 @@ bodies accepted and refused, the same idempotency keys."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from fastapi.security import HTTPBearer
@@ -18,7 +19,8 @@ from seckill.api.lean_routes import _item_id
 from seckill.api.paths import PURCHASE_PATH
 from seckill.api.schemas import ReservationOut
 from seckill.domain.orders import OrderStatus
-from seckill.domain.rules import MAX_ID
+from seckill.domain.outcomes import InvalidRequest
+from seckill.domain.rules import MAX_ID, MAX_QUANTITY, check_quantity
 from seckill.domain.times import ms_to_datetime
 
 AUTHORIZATIONS = [
@@ -54,18 +56,21 @@ def test_bodies_that_buy(body: bytes, content_type: bytes | None, quantity: int)
 
 JSON = b"application/json"
 QUANTITY_3 = '{"quantity": 3}'
+# The domain's rule says it (seckill.domain.rules.check_quantity), for the body as for the engine.
+NOT_A_QUANTITY = f"body.quantity: quantity must be an integer from 1 to {MAX_QUANTITY}"
 
 
 @pytest.mark.parametrize(
     ("body", "says"),
     [
-        (b'{"quantity": 0}', "body.quantity: Input should be greater than or equal to 1"),
-        (b'{"quantity": 1.5}', "body.quantity"),
-        (b'{"quantity": null}', "body.quantity"),
+        (b'{"quantity": 0}', NOT_A_QUANTITY),
+        (f'{{"quantity": {MAX_QUANTITY + 1}}}'.encode(), NOT_A_QUANTITY),
+        (b'{"quantity": 1.5}', NOT_A_QUANTITY),
+        (b'{"quantity": null}', NOT_A_QUANTITY),
         # Strict: a JSON integer, and each key once (a first-key reader would buy 1).
-        (b'{"quantity": "3"}', "body.quantity: Input should be a valid integer"),
-        (b'{"quantity": true}', "body.quantity: Input should be a valid integer"),
-        (b'{"quantity": 1.0}', "body.quantity: Input should be a valid integer"),
+        (b'{"quantity": "3"}', NOT_A_QUANTITY),
+        (b'{"quantity": true}', NOT_A_QUANTITY),
+        (b'{"quantity": 1.0}', NOT_A_QUANTITY),
         (b'{"quantity": 1, "quantity": 3}', "body.quantity: given twice"),
         (b'{"quantity": 1, "price": 0}', "body.price: Extra inputs are not permitted"),
         (b"[1, 2]", "body: Input should be a valid dictionary"),
@@ -88,6 +93,27 @@ def test_bodies_that_are_refused(body: bytes, says: str) -> None:
         _quantity(body, JSON)
     assert (refused.value.status, refused.value.code) == (422, "invalid_request")
     assert refused.value.message.startswith(says), refused.value.message
+
+
+@given(
+    st.integers(-2, MAX_QUANTITY + 2)
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.booleans()
+    | st.none()
+    | st.text(max_size=3)
+)
+def test_a_body_quantity_is_read_by_the_domains_rule(sent: object) -> None:
+    body = json.dumps({"quantity": sent}).encode()
+    quantity = json.loads(body)["quantity"]  # what the body says, as it is read
+    try:
+        check_quantity(quantity)
+    except InvalidRequest:
+        with pytest.raises(ApiError) as refused:
+            _quantity(body, JSON)
+        assert refused.value.message == NOT_A_QUANTITY
+    else:
+        assert _quantity(body, JSON).quantity == quantity
 
 
 @pytest.mark.parametrize(

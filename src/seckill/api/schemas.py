@@ -7,7 +7,7 @@ Order ids are 64-bit: JSON carries them as decimal strings, which JavaScript can
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Literal, cast
 
 from pydantic import (
     AfterValidator,
@@ -16,16 +16,20 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainValidator,
     StrictBool,
     StrictInt,
     StringConstraints,
+    WithJsonSchema,
 )
+from pydantic_core import PydanticCustomError
 
 from seckill.domain.events import RefundReason
 from seckill.domain.items import MAX_ADMIT_PER_SECOND, MAX_PRICE, MAX_QUEUE_OPEN_SECONDS, Stock
 from seckill.domain.lifecycle import Stage, Unsettled
 from seckill.domain.money import RefundState
 from seckill.domain.orders import OrderStatus
+from seckill.domain.outcomes import InvalidRequest
 from seckill.domain.rules import (
     CONTROL_CHARACTERS,
     CURRENCY_PATTERN,
@@ -33,6 +37,8 @@ from seckill.domain.rules import (
     MAX_ID,
     MAX_QUANTITY,
     MAX_STOCK_SHARDS,
+    MIN_QUANTITY,
+    check_quantity,
     has_control_character,
 )
 
@@ -234,8 +240,25 @@ class AuditOut(BaseModel):
     )
 
 
+def _checked_quantity(value: object) -> int:
+    try:
+        check_quantity(value)
+    except InvalidRequest as refused:
+        raise PydanticCustomError(refused.code.value, refused.message) from None
+    return cast(int, value)
+
+
+# Read by the domain's rule, which the engine holds every purchase to as well: the bounds are
+# stated once, and the schema says them from there.
+Quantity = Annotated[
+    int,
+    PlainValidator(_checked_quantity),
+    WithJsonSchema({"type": "integer", "maximum": MAX_QUANTITY, "minimum": MIN_QUANTITY}),
+]
+
+
 class BuyIn(_In):
-    quantity: StrictInt = Field(1, ge=1, le=MAX_QUANTITY)
+    quantity: Quantity = 1
 
 
 class ReservationOut(BaseModel):

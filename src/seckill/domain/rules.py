@@ -16,6 +16,7 @@ MAX_BUYER_LEN = 64
 MAX_KEY_LEN = 255
 MAX_REQUEST_ID_LEN = 64
 MAX_PAYMENT_ID_LEN = 64
+MIN_QUANTITY = 1
 MAX_QUANTITY = 1_000_000
 MAX_TOTAL = 10**12  # far below 2**53, where Lua numbers stop being exact
 MAX_STOCK_SHARDS = 64
@@ -90,9 +91,12 @@ def check_request_id(request_id: Any) -> None:
 
 
 def check_quantity(quantity: Any) -> None:
-    if not _whole(quantity, 1, MAX_QUANTITY):
+    """The one statement of a purchase's quantity rule: the engine holds every caller to it,
+    and the API reads a purchase's body by it."""
+    if not _whole(quantity, MIN_QUANTITY, MAX_QUANTITY):
         raise InvalidRequest(
-            ErrorCode.INVALID_QUANTITY, f"quantity must be an integer from 1 to {MAX_QUANTITY}"
+            ErrorCode.INVALID_QUANTITY,
+            f"quantity must be an integer from {MIN_QUANTITY} to {MAX_QUANTITY}",
         )
 
 
