@@ -71,10 +71,11 @@ from seckill.api.limits import BodySizeLimit
 from seckill.api.paths import PURCHASE_ROUTE, ItemId, is_purchase
 from seckill.api.responses import send_json
 from seckill.api.schemas import BuyIn, ReservationOut
+from seckill.bootstrap.keys import token_codec
 from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_KEY_LEN, check_idempotency_key
 from seckill.observability import metrics
-from seckill.security.tokens import InvalidToken, Role, token_codec
+from seckill.security.tokens import InvalidToken, Role
 from seckill.serve import listening_socket
 
 # MariaDB/MySQL: lock wait timeout, deadlock victim. Anything else is not retried.

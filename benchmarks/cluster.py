@@ -32,8 +32,9 @@ How to read it: on a machine with few cores the drivers (Python) saturate the CP
 Redis does, so both targets reach about the same reservations/s, and the cluster's worth shows in
 the Redis CPU per node: each master decides its own items' reservations, a third of the work.
 On a machine with spare cores, more driver processes (API processes in production) raise the
-one Redis until its one core is full (about 40 µs per reservation: ~25k/s here), and the cluster
-from there on by one such core per master. The last line is one JSON object with every figure.
+one Redis until its one core is full (about 55 µs of Redis CPU per purchase: some 18,000 a
+second here, docs/benchmarks.md), and the cluster from there on by one such core per master.
+The last line is one JSON object with every figure.
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ import aiohttp
 import uvloop
 from sqlalchemy.engine import make_url
 
+from seckill.bootstrap.keys import token_codec
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
 from seckill.redis_server import RedisServer, bundled_redis_server, die_with_parent
-from seckill.security.tokens import token_codec
 
 ROOT = Path(__file__).resolve().parent.parent  # the project: ``benchmarks`` is a package in it
 # Fixed secrets: the servers and the client must agree, and nothing here is worth protecting.

@@ -86,6 +86,7 @@ from benchmarks.soak import (
     wait_healthy,
     wait_settled,
 )
+from seckill.bootstrap.keys import crowd_credentials
 from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.crowd.client import ApiClient, Credentials, Reply
@@ -732,7 +733,7 @@ async def conduct(plan: Plan, console: Console) -> bool:
 
 async def sale(site: Site, knobs: Knobs, console: Console) -> bool:
     settings = site.settings()
-    credentials = Credentials.from_settings(settings)
+    credentials = crowd_credentials(settings)
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         clients = [HostClient(session, site.api_url(host), credentials)

@@ -67,9 +67,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from benchmarks.tcp_proxy import TcpProxy
+from seckill.bootstrap.keys import crowd_credentials
 from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
-from seckill.crowd.client import ApiClient, Credentials, Reply
+from seckill.crowd.client import ApiClient, Reply
 from seckill.domain.events import stream_position
 from seckill.domain.money import Charge, Money, account
 from seckill.domain.orders import OrderStatus
@@ -896,7 +897,7 @@ async def soak(knobs: Knobs, console: Console) -> bool:
 
 
 async def sale(deployment: Deployment, knobs: Knobs, rng: random.Random, console: Console) -> bool:
-    credentials = Credentials.from_settings(deployment.settings())
+    credentials = crowd_credentials(deployment.settings())
     timeout = aiohttp.ClientTimeout(total=10)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         clients = [ApiClient(session, f"http://127.0.0.1:{p}", credentials)

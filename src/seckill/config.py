@@ -3,8 +3,8 @@
 Built on demand with ``Settings()``; importing this module creates nothing. Each secret setting
 may instead be read from a file named by ``SECKILL_<NAME>_FILE`` (a mounted Docker or
 Kubernetes secret). The profile says whether the embedded defaults may stand in for what is
-left unset (``embedded``, what ``make demo`` runs) or not (``production``: ``problems`` names
-each missing setting and no process starts).
+left unset (``embedded``, what ``make demo`` runs) or not (``production``: each missing setting
+is named and no process starts, ``seckill.bootstrap.checks``).
 """
 
 from __future__ import annotations
@@ -16,17 +16,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from seckill.domain.masking import mask_url
+from seckill.domain.configuration import ENV_PREFIX, ConfigurationError
 from seckill.domain.rules import CURRENCY_PATTERN, DEFAULT_CURRENCY, MAX_STOCK_SHARDS
 from seckill.engine.keys import DEFAULT_PREFIX
 
-ENV_PREFIX = "SECKILL_"
 # What a key setting that may rotate holds (see docs/operations/keys.md).
 ROTATION = "one key, or several separated by commas: the first signs, every one verifies"
 PRODUCTION_DRAIN_SECONDS = 5.0
@@ -44,10 +39,6 @@ SECRET_SETTINGS = (
     "ticket_secret",
     "payment_secret",
 )
-
-
-class ConfigurationError(ValueError):
-    """The settings cannot run this process; the message names every setting at fault."""
 
 
 class Settings(BaseSettings):
@@ -193,7 +184,7 @@ class Settings(BaseSettings):
     api_server: Literal["granian", "uvicorn"] = Field(
         "uvicorn",
         description="What serves `seckill api`: uvicorn answers the buyers' routes on the "
-        "connection, without ASGI (docs/benchmarks.md has the figures that made it the "
+        "connection, without ASGI (docs/benchmarks-history.md has the figures that made it the "
         "default); `seckill serve` is always uvicorn, in its own loop.",
     )
     max_body_bytes: int = Field(16_384, ge=256, description="Larger request bodies get 413.")
@@ -452,56 +443,6 @@ class Settings(BaseSettings):
             file_secret_settings,
         )
 
-    def problems(self) -> list[str]:
-        """What keeps this configuration from running under its profile, one line per setting
-        at fault (none in the embedded profile, where defaults stand in)."""
-        if self.profile != "production":
-            return []
-        found = []
-        if not self.redis_url:
-            found.append(_missing("redis_url", "the Redis every process shares, none embedded"))
-        if not self.database_url:
-            found.append(_missing("database_url", "the SQL database, no SQLite file"))
-        elif _scheme(self.database_url).split("+")[0] == "sqlite":
-            found.append(
-                f"{ENV_PREFIX}DATABASE_URL is a SQLite file ({mask_url(self.database_url)}): "
-                "each host would keep a ledger of its own; the production profile needs a "
-                "database server every host shares (postgresql+asyncpg://, mysql+asyncmy://)"
-            )
-        for name in ("ticket_secret", "payment_secret"):
-            if not getattr(self, name):
-                found.append(_missing(name, "a key every host shares, none generated"))
-        found.extend(self.token_key_problems())
-        return found
-
-    def token_key_problems(self) -> list[str]:
-        """What the production profile misses to verify tokens."""
-        if self.jwt_jwks_file is not None or self.jwt_jwks_url:
-            return []  # the key set (token_codec checks it is one)
-        if self.jwt_algorithm == "HS256" and not self.jwt_secret:
-            return [_missing("jwt_secret", "the tokens' HS256 key, none generated")]
-        if self.jwt_algorithm != "HS256" and self.jwt_public_key_file is None:
-            return [
-                _missing(
-                    "jwt_public_key_file",
-                    "the PEM key that checks tokens (or a key set: SECKILL_JWT_JWKS_FILE or "
-                    "SECKILL_JWT_JWKS_URL)",
-                )
-            ]
-        return []
-
-    def require_runnable(self) -> None:
-        """Raise ``ConfigurationError`` naming every problem (see ``problems``)."""
-        found = self.problems()
-        if found:
-            raise ConfigurationError(self.cannot_start(found))
-
-    def cannot_start(self, problems: list[str]) -> str:
-        """The refusal of a process that has ``problems``: one line, or one line each."""
-        if len(problems) == 1:
-            return f"the {self.profile} profile cannot start: {problems[0]}"
-        return f"the {self.profile} profile cannot start:\n" + "\n".join(f"- {p}" for p in problems)
-
     @property
     def effective_drain_seconds(self) -> float:
         """The drain on SIGTERM: as set, else a few seconds in production and none embedded
@@ -518,15 +459,6 @@ class Settings(BaseSettings):
     def effective_database_url(self) -> str:
         """The configured database, or the embedded SQLite file in the data directory."""
         return self.database_url or f"sqlite+aiosqlite:///{self.data_dir / 'seckill.db'}"
-
-
-def _scheme(url: str) -> str:
-    return url.partition(":")[0].lower()
-
-
-def _missing(name: str, what: str) -> str:
-    variable = ENV_PREFIX + name.upper()
-    return f"{variable} is not set: {what} (or {variable}_FILE, a file that holds it)"
 
 
 class SecretFiles(PydanticBaseSettingsSource):
@@ -562,48 +494,3 @@ class SecretFiles(PydanticBaseSettingsSource):
             if value is not None:
                 found[name] = value
         return found
-
-
-def masked(name: str, value: Any) -> str:
-    """A setting's value as it is shown anywhere (`seckill config check`, a refusal, a log
-    line): keys hidden, every URL's credentials hidden (``mask_url``), the rest as is."""
-    if not value:
-        return str(value)
-    if name.endswith("_url"):
-        return mask_url(str(value))
-    if name not in SECRET_SETTINGS:
-        return str(value)
-    keys = str(value).split(",")
-    return ",".join("***" for _ in keys)
-
-
-REFERENCE_INTRO = """\
-# Configuration
-
-One typed `Settings` (`seckill/config.py`), read from `SECKILL_*` environment variables or a
-`.env` file. This page is generated from it (`seckill config docs`); a test fails when it is
-stale. What the durability settings trade: [durability](durability.md); the cluster:
-[Redis Cluster](redis-cluster.md); the waiting room: [waiting room](waiting-room.md); the
-bridge: [order events to brokers](bridge.md). Each secret setting (the Redis, database and
-bridge URLs, which may hold a password, and the keys) may instead be read from a file:
-`SECKILL_<NAME>_FILE=/run/secrets/<name>`. Running on many hosts: [production](production.md);
-TLS to Redis and to SQL: [TLS](tls.md). Rotating the keys without refusing anyone:
-[keys](keys.md).
-"""
-
-
-def settings_reference() -> str:
-    """Every setting as a Markdown table (variable, default, meaning), after an introduction:
-    the configuration page of the docs, from the one place each setting is described."""
-    rows = ["| variable | default | meaning |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        default = field.default
-        shown = (
-            "unset" if default is None
-            else "empty" if default == ""
-            else f"`{str(default).lower()}`" if isinstance(default, bool)
-            else f"`{default}`"
-        )  # fmt: skip
-        meaning = (field.description or "").replace("|", "\\|")
-        rows.append(f"| `SECKILL_{name.upper()}` | {shown} | {meaning} |")
-    return REFERENCE_INTRO + "\n" + "\n".join(rows) + "\n"

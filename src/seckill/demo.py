@@ -36,6 +36,7 @@ from typing import Any, cast
 
 from rich.console import Console
 
+from seckill.bootstrap.keys import crowd_credentials
 from seckill.config import Settings
 from seckill.crowd.browser import browser_missing
 from seckill.crowd.client import ApiClient, Credentials
@@ -107,7 +108,7 @@ def run_demo(
         with console.status(f"starting seckill serve: API, {workers}"):
             url = stack.enter_context(serving(settings.data_dir, server_env))
         console.print(f"seckill serve is up on {url}; the crowd rushes in")
-        credentials = Credentials.from_settings(settings)
+        credentials = crowd_credentials(settings)
         rehearsal = rehearse(
             url, plan, credentials, kind="demo", console=console,
             database_url=settings.effective_database_url, report_dir=report_dir, queue=queue,

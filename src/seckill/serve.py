@@ -337,8 +337,8 @@ async def _prepare_schema(settings: Settings) -> None:
     upgraded, another database's schema checked (a refusal stops the supervisor, not each of
     its workers in turn)."""
     from seckill.bootstrap.runtime import prepare_schema
+    from seckill.bootstrap.tls import database_ssl_context
     from seckill.store.database import open_database
-    from seckill.tls import database_ssl_context
 
     database = open_database(settings.effective_database_url, tls=database_ssl_context(settings))
     try:

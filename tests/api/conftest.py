@@ -20,13 +20,14 @@ from redis.asyncio import Redis
 
 from seckill.api.app import create_app
 from seckill.api.lean_http import LeanHttpProtocol
+from seckill.bootstrap.keys import token_codec
 from seckill.bootstrap.runtime import Runtime, open_runtime
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
 from seckill.domain.money import Money
 from seckill.security.signatures import SIGNATURE_HEADER, sign
 from seckill.security.tickets import TICKET_HEADER
-from seckill.security.tokens import Role, token_codec
+from seckill.security.tokens import Role
 from seckill.serve import listening_socket
 from seckill.services.tickets import TicketGate
 from seckill.store.ledger import Ledger

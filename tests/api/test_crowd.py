@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from rich.console import Console
 from sqlalchemy import delete
 
+from seckill.bootstrap.keys import token_codec
 from seckill.bootstrap.workers import WorkerKind
 from seckill.crowd.client import ApiClient, Credentials
 from seckill.crowd.plan import CrowdPlan, QueuePlan
@@ -20,7 +21,6 @@ from seckill.crowd.rehearsal import Rehearsal, rehearse
 from seckill.crowd.sale import Sale, open_sale
 from seckill.engine.audit import Check
 from seckill.engine.keys import DEFAULT_PREFIX
-from seckill.security.tokens import token_codec
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order
 from tests.api.conftest import PAYMENT_SECRET, Api, api_settings, running_api

@@ -17,9 +17,10 @@ from redis.asyncio import Redis
 
 from seckill.api.app import SeckillApi, create_app
 from seckill.api.lean_http import LeanHttpProtocol
+from seckill.bootstrap.keys import token_codec
 from seckill.bootstrap.runtime import open_runtime
 from seckill.security.tickets import TICKET_HEADER
-from seckill.security.tokens import Role, token_codec
+from seckill.security.tokens import Role
 from seckill.serve import listening_socket
 from seckill.store.ledger import Ledger
 from tests.api.conftest import api_settings

@@ -29,13 +29,14 @@ from starlette.types import Receive, Scope, Send
 from benchmarks.baselines import AdmissionLimit
 from seckill.api.metrics import HttpMetrics
 from seckill.api.paths import PURCHASE_ROUTE
+from seckill.bootstrap.keys import token_codec
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.config import Settings
 from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from seckill.observability import metrics
 from seckill.redis_cluster import LocalCluster
 from seckill.security.tickets import TICKET_HEADER
-from seckill.security.tokens import Role, token_codec
+from seckill.security.tokens import Role
 from seckill.services.reconcile.drift import Drift
 from seckill.store.ledger import Ledger
 from tests.api.conftest import JWT_SECRET, PAYMENT_SECRET, Answer, Api, api_settings, running_api

@@ -28,10 +28,11 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from seckill.api.app import create_app
+from seckill.bootstrap.keys import token_codec
 from seckill.bootstrap.runtime import open_runtime
 from seckill.config import Settings
 from seckill.security.tickets import TICKET_HEADER
-from seckill.security.tokens import Role, token_codec
+from seckill.security.tokens import Role
 from seckill.serve import listening_socket
 from seckill.store.tables import Base
 from tests.conftest import RedisTarget, redis_settings

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 
 from seckill.api.app import create_app
+from seckill.bootstrap.keys import ticket_secret
 from seckill.config import Settings
-from seckill.security.tickets import TICKET_HEADER, BadTicket, TicketCodec, ticket_secret
+from seckill.security.tickets import TICKET_HEADER, BadTicket, TicketCodec
 from seckill.services.tickets import ADMITTED, TERMS_FRESH_S, GateDecision
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Answer, Api, api_settings, running_api

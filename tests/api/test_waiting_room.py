@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from seckill.bootstrap.keys import ticket_secret
 from seckill.domain.queue import QueueState
 from seckill.security.passes import PASS_HEADER, PassCodec, QueuePass
-from seckill.security.tickets import ticket_secret
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Answer, Api, waiting_room_api
 from tests.conftest import RedisTarget

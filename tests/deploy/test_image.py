@@ -31,7 +31,8 @@ from typer.testing import CliRunner
 from seckill.api.app import create_app
 from seckill.api.worker_http import worker_app
 from seckill.cli import app as cli
-from seckill.config import ENV_PREFIX, Settings
+from seckill.config import Settings
+from seckill.domain.configuration import ENV_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"

@@ -39,7 +39,8 @@ from benchmarks.manifests import (
     load_compose,
     render,
 )
-from seckill.config import ENV_PREFIX, SECRET_SETTINGS, Settings
+from seckill.config import SECRET_SETTINGS, Settings
+from seckill.domain.configuration import ENV_PREFIX
 
 KUBERNETES_VERSION = "1.30.0"  # the oldest release the manifests promise to apply to
 CHECKED_CRDS = {

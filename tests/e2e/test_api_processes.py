@@ -20,8 +20,9 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
+from seckill.bootstrap.keys import crowd_credentials
 from seckill.config import Settings
-from seckill.crowd.client import ApiClient, Credentials
+from seckill.crowd.client import ApiClient
 from seckill.redis_server import RedisServer
 from tests.e2e.test_serve import free_port
 
@@ -35,7 +36,7 @@ async def sell(
 ) -> tuple[set[str], set[int], str]:
     """Sell BUYERS units, each over a new connection; the order ids, the API pids seen (until
     ``processes`` of them answered), and the metrics text of one process."""
-    credentials = Credentials.from_settings(Settings(data_dir=data_dir))
+    credentials = crowd_credentials(Settings(data_dir=data_dir))
     async with aiohttp.ClientSession() as http:
         admin = ApiClient(http, url, credentials)
         now = datetime.now(UTC)

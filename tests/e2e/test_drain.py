@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from seckill.bootstrap.keys import crowd_credentials
 from seckill.config import Settings
-from seckill.crowd.client import ApiClient, Credentials
+from seckill.crowd.client import ApiClient
 from seckill.engine.engine import RedisEngine
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
@@ -86,7 +87,7 @@ async def test_sigterm_drains_then_stops(
         )
     try:
         url = await started(api, log)
-        credentials = Credentials.from_settings(Settings(data_dir=tmp_path))
+        credentials = crowd_credentials(Settings(data_dir=tmp_path))
         async with aiohttp.ClientSession() as http:
             client = ApiClient(http, url, credentials)
             now = datetime.now(UTC)

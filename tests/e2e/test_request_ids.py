@@ -16,8 +16,9 @@ from typing import Any
 
 import aiohttp
 
+from seckill.bootstrap.keys import crowd_credentials
 from seckill.config import Settings
-from seckill.crowd.client import ApiClient, Credentials
+from seckill.crowd.client import ApiClient
 from seckill.security.tickets import TICKET_HEADER
 from tests.e2e.test_serve import free_port
 
@@ -31,7 +32,7 @@ def log_lines(path: Path) -> list[dict[str, Any]]:
 
 
 async def purchase(url: str, data_dir: Path, headers: dict[str, str]) -> aiohttp.ClientResponse:
-    credentials = Credentials.from_settings(Settings(data_dir=data_dir))
+    credentials = crowd_credentials(Settings(data_dir=data_dir))
     async with aiohttp.ClientSession() as http:
         client = ApiClient(http, url, credentials)
         now = datetime.now(UTC)

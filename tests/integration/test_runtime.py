@@ -13,7 +13,8 @@ import redis as sync_redis
 from redis.asyncio import Redis
 
 from seckill.bootstrap.runtime import open_runtime
-from seckill.config import ConfigurationError, Settings
+from seckill.config import Settings
+from seckill.domain.configuration import ConfigurationError
 from seckill.domain.ids import MAX_WORKER_ID, WorkerIdLost
 from seckill.domain.outcomes import Outcome
 from seckill.engine.keys import DEFAULT_PREFIX, worker_id_key

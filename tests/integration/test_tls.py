@@ -38,14 +38,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from seckill.bootstrap.runtime import Runtime, open_runtime
-from seckill.config import ConfigurationError, Settings
+from seckill.bootstrap.tls import database_ssl_context, redis_ssl_options
+from seckill.config import Settings
+from seckill.domain.configuration import ConfigurationError
 from seckill.engine.cluster import ClusterPipeliner, send_on_node
 from seckill.engine.pipelining import Pipeliner
 from seckill.redis_cluster import LocalCluster
 from seckill.redis_server import RedisServer
 from seckill.store.database import open_database
 from seckill.store.migrate import upgrade
-from seckill.tls import database_ssl_context, redis_ssl_options
 from tests.conftest import open_item, redis7_binary
 from tests.integration.test_durability import free_port
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from seckill.config import Settings, masked
+from seckill.cli.settings import masked
+from seckill.config import Settings
 from seckill.domain.masking import mask_in, mask_url
 
 

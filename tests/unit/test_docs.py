@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from seckill.config import Settings, settings_reference
+from seckill.cli.settings import settings_reference
+from seckill.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from seckill.config import ENV_PREFIX, SECRET_SETTINGS, Settings
+from seckill.config import SECRET_SETTINGS, Settings
+from seckill.domain.configuration import ENV_PREFIX
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = re.compile(r"SECKILL_[A-Z0-9_]+")

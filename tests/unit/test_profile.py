@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from seckill.config import ConfigurationError, Settings, masked
-from seckill.security.generated import secret_or_generated
-from seckill.security.tokens import token_codec
+from seckill.bootstrap.checks import profile_problems, require_runnable
+from seckill.bootstrap.keys import secret_or_generated, token_codec
+from seckill.cli.settings import masked
+from seckill.config import Settings
+from seckill.domain.configuration import ConfigurationError
 
 # Everything the production profile asks for, each given.
 COMPLETE = {
@@ -44,8 +46,8 @@ def environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> pytest.Monke
 def test_the_embedded_profile_needs_nothing(environment: pytest.MonkeyPatch) -> None:
     settings = Settings()
     assert settings.profile == "embedded"
-    assert settings.problems() == []
-    settings.require_runnable()
+    assert profile_problems(settings) == []
+    require_runnable(settings)
 
 
 @pytest.mark.parametrize("missing", sorted(set(COMPLETE) - {"SECKILL_PROFILE"}))
@@ -55,20 +57,20 @@ def test_production_names_each_missing_setting(
     for name, value in COMPLETE.items():
         if name != missing:
             environment.setenv(name, value)
-    problems = Settings().problems()
+    problems = profile_problems(Settings())
     assert len(problems) == 1
     assert problems[0].startswith(f"{missing} is not set")
     assert f"{missing}_FILE" in problems[0]
     with pytest.raises(ConfigurationError, match=missing):
-        Settings().require_runnable()
+        require_runnable(Settings())
 
 
 def test_production_starts_when_everything_is_set(environment: pytest.MonkeyPatch) -> None:
     for name, value in COMPLETE.items():
         environment.setenv(name, value)
     settings = Settings()
-    assert settings.problems() == []
-    settings.require_runnable()
+    assert profile_problems(settings) == []
+    require_runnable(settings)
     assert token_codec(settings).can_mint
 
 
@@ -87,7 +89,7 @@ def test_rs256_and_es256_in_production_need_the_public_key(
         environment.setenv(name, value)
     environment.setenv("SECKILL_JWT_ALGORITHM", algorithm)
     environment.delenv("SECKILL_JWT_SECRET")
-    problems = Settings().problems()
+    problems = profile_problems(Settings())
     assert [p.split(" ")[0] for p in problems] == ["SECKILL_JWT_PUBLIC_KEY_FILE"]
     assert "SECKILL_JWT_JWKS_FILE" in problems[0]
 
@@ -108,7 +110,7 @@ def test_a_key_set_verifies_tokens_in_production(
     environment.delenv("SECKILL_JWT_SECRET")
     environment.setenv("SECKILL_JWT_ALGORITHM", algorithm)
     environment.setenv(variable, value)
-    assert Settings().problems() == []
+    assert profile_problems(Settings()) == []
 
 
 def test_secrets_are_read_from_files(environment: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from seckill.bootstrap.keys import payment_secret, refreshing_keys, ticket_secret, token_codec
 from seckill.config import Settings
 from seckill.security.jwks import Algorithm, parse_key_set
-from seckill.security.key_refresh import refreshing
 from seckill.security.passes import BadPass, PassCodec, QueuePass
-from seckill.security.signatures import BadSignature, payment_secret, sign, verify_signature
-from seckill.security.tickets import BadTicket, TicketCodec, ticket_secret
-from seckill.security.tokens import InvalidToken, Role, TokenCodec, token_codec
+from seckill.security.signatures import BadSignature, sign, verify_signature
+from seckill.security.tickets import BadTicket, TicketCodec
+from seckill.security.tokens import InvalidToken, Role, TokenCodec
 from tests.unit.isolated_settings import isolated_settings
 from tests.unit.key_sets import (
     Served,
@@ -258,7 +258,7 @@ async def test_a_key_set_served_over_http_rotates_while_the_codec_runs(
         codec = token_codec(settings)  # fetched at start
         assert served.requests == 1
         assert codec.verify(old_token).subject == "alice"
-        async with refreshing(codec, settings):
+        async with refreshing_keys(codec, settings):
             served.body = document(old, new)  # (b): the new key published
             await until(lambda: _token_verifies(codec, new_token, now=None))
             assert codec.key_ids == (old.kid, new.kid)
@@ -295,7 +295,7 @@ async def test_a_token_naming_a_key_not_yet_loaded_asks_for_one_early_load(
     with key_server(served) as url:
         settings = _url_settings(tmp_path, url, refresh_seconds=600)  # none on schedule here
         codec = token_codec(settings)
-        async with refreshing(codec, settings):
+        async with refreshing_keys(codec, settings):
             await until(lambda: codec.on_unknown_key is not None)
             served.body = document(old, new)
             # The first token signed with a key just published is refused (its caller retries)

@@ -11,13 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from seckill.security.signatures import (
-    SIGNATURE_HEADER,
-    BadSignature,
-    payment_secret,
-    sign,
-    verify_signature,
-)
+from seckill.bootstrap.keys import payment_secret
+from seckill.security.signatures import SIGNATURE_HEADER, BadSignature, sign, verify_signature
 from tests.unit.isolated_settings import isolated_settings
 
 NOW = 1_700_000_000

@@ -18,16 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from joserfc.jwk import ECKey
 
+from seckill.bootstrap.keys import token_codec
 from seckill.security import tokens
 from seckill.security.jwks import Algorithm, PinnedKey, parse_key_set
-from seckill.security.tokens import (
-    LEEWAY_SECONDS,
-    Identity,
-    InvalidToken,
-    Role,
-    TokenCodec,
-    token_codec,
-)
+from seckill.security.tokens import LEEWAY_SECONDS, Identity, InvalidToken, Role, TokenCodec
 from tests.unit.isolated_settings import isolated_settings
 from tests.unit.key_sets import SetKey, document, set_key, write_document
 

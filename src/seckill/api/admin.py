@@ -34,7 +34,6 @@ from seckill.domain.items import ItemRecord
 from seckill.domain.lifecycle import Stage, described
 from seckill.domain.outcomes import ErrorCode, InvalidRequest
 from seckill.domain.times import ms_to_datetime
-from seckill.engine.queues import Queues
 from seckill.services.archive import Archivist, Settlement
 from seckill.services.items import create_item as create_item_service
 from seckill.services.items import (
@@ -63,7 +62,7 @@ async def create_item(
 ) -> ItemOut:
     """Put an item in the record (SQL). It goes on sale once warmed."""
     item_id = await create_item_service(
-        ctx.ledger, ctx.item_cache, ctx.runtime.settings,
+        ctx.ledger, ctx.item_cache, ctx.item_defaults,
         name=body.name, price_cents=body.price_cents, currency=body.currency,
         total=body.total,
         starts_at=body.starts_at, ends_at=body.ends_at,
@@ -205,7 +204,7 @@ async def audit(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> AuditOut:
 async def queue(item_id: ItemId, _: AdminIdentity, ctx: Ctx) -> QueueReportOut:
     """The item's waiting room: how many joined, how far the frontier moved, and each step the
     inlet took (when, and up to which position)."""
-    report = await queue_report(Queues(ctx.runtime.engine), item_id)
+    report = await queue_report(ctx.queues, item_id)
     front = report.front
     return QueueReportOut(
         item_id=item_id,

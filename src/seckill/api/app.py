@@ -35,10 +35,10 @@ from seckill.api.metrics import HttpMetrics, refresh_stream_gauges_logged
 from seckill.api.query_strings import query_once
 from seckill.api.request_ids import RequestIds
 from seckill.api.worker_http import metrics_listener
+from seckill.bootstrap.keys import refreshing_keys
 from seckill.bootstrap.runtime import Runtime, open_runtime, settle_heap
 from seckill.bootstrap.services import build_context
 from seckill.config import Settings
-from seckill.security.key_refresh import refreshing
 from seckill.security.passes import PASS_HEADER
 from seckill.security.tickets import TICKET_HEADER
 from seckill.services.tickets import TicketGate
@@ -127,7 +127,7 @@ def create_app(
             app.state.context = build_context(active, ticket_gate=ticket_gate)
             lean_routes.context = app.state.context
             # A key set the tokens are checked with is loaded again in the background.
-            await stack.enter_async_context(refreshing(app.state.context.tokens, settings))
+            await stack.enter_async_context(refreshing_keys(app.state.context.tokens, settings))
             if settings.metrics_port is not None:  # /metrics off the public port
                 engine = active.engine
                 await stack.enter_async_context(

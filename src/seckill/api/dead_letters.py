@@ -29,7 +29,6 @@ from seckill.services.dead_letters import (
     drop_dead_letters,
     replay_dead_letters,
 )
-from seckill.sinks import sink_from_url
 
 router = APIRouter(prefix="/api/v1/admin", tags=["admin"])
 Ctx = Annotated[Context, Depends(context)]
@@ -76,8 +75,7 @@ async def replay(
     """Replay these pending dead letters once what made them fail is fixed: the persister's
     land in SQL, a bridge's go to the server's broker (SECKILL_BRIDGE_URL) again. One that
     still cannot is left pending, with why in ``refused``."""
-    url = ctx.runtime.settings.bridge_url
-    sink = sink_from_url(url) if url else None
+    sink = ctx.bridge_sink()
     try:
         done = await replay_dead_letters(
             ctx.ledger, ctx.runtime.engine, body.ids, group=body.group, sink=sink

@@ -51,9 +51,7 @@ async def readyz(ctx: Ctx, draining: Annotated[Drain, Depends(drain)]) -> JSONRe
         _redis(ctx, PROBE_TIMEOUT_S), _database(ctx, PROBE_TIMEOUT_S)
     )
     ids = ctx.runtime.order_ids
-    lease = "fixed" if ctx.runtime.settings.worker_id is not None else "held"
-    if lease == "held" and ids.lapsed:
-        lease = "lapsed"
+    lease = "lapsed" if ids.lapsed else "held" if ids.leased else "fixed"
     stopping = draining.draining
     ready = redis == "ok" and lease != "lapsed" and not stopping
     body = ReadyOut(

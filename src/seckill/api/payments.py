@@ -53,7 +53,7 @@ async def payment_callback(request: Request, ctx: Ctx) -> PaymentOut:
         body,
         request.headers.get(SIGNATURE_HEADER),
         now=time.time(),
-        tolerance_seconds=ctx.runtime.settings.payment_tolerance_seconds,
+        tolerance_seconds=ctx.payment_tolerance_seconds,
     )
     notice = parse_body(PaymentNoticeIn, body, content_type_of(request.headers))
     settlement, view = await ctx.orders.settle_payment(

@@ -1,6 +1,6 @@
 """Every check a process or command makes of its settings before it starts anything, in one
 list (``configuration_problems``; `seckill config check` prints the same): what the profile asks
-for (``Settings.problems``), whether each URL names something this code can reach (a driver it
+for (``profile_problems``), whether each URL names something this code can reach (a driver it
 has, a scheme it speaks, a port that is a number), whether the key settings agree with each
 other, then whether what is set can be used (the TLS files, the key lists, the token keys), each
 read as the process would read it. Every line names its setting and shows no credential."""
@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from seckill.config import ENV_PREFIX, Settings
+from seckill.bootstrap.keys import payment_secret, ticket_secret, token_codec
+from seckill.bootstrap.tls import database_ssl_context, redis_ssl_options
+from seckill.config import Settings
+from seckill.domain.configuration import ENV_PREFIX, ConfigurationError, variable
 from seckill.domain.masking import mask_url
-from seckill.security.signatures import payment_secret
-from seckill.security.tickets import ticket_secret
-from seckill.security.tokens import token_codec
 from seckill.sinks.by_url import NATS_SCHEMES, RABBITMQ_SCHEMES
-from seckill.tls import database_ssl_context, redis_ssl_options
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 JWKS_SCHEMES = ("https", "http")
@@ -29,7 +28,7 @@ def configuration_problems(settings: Settings, *, fetch_key_set: bool = True) ->
     checks no token leaves it at its URL's form: an identity provider that is down must not
     stop a migration); generates nothing: a key left unset is checked only where the profile
     asks for it."""
-    problems = settings.problems()
+    problems = profile_problems(settings)
     problems.extend(url_problems(settings))
     problems.extend(key_setting_problems(settings))
     checks: list[Callable[[], object]] = [
@@ -42,7 +41,7 @@ def configuration_problems(settings: Settings, *, fetch_key_set: bool = True) ->
         checks.append(lambda: payment_secret(settings))
     fetched = bool(settings.jwt_jwks_url) and settings.jwt_jwks_file is None
     if (
-        not settings.token_key_problems()
+        not token_key_problems(settings)
         and _token_keys_set(settings)
         and (fetch_key_set or not fetched)
     ):
@@ -53,6 +52,66 @@ def configuration_problems(settings: Settings, *, fetch_key_set: bool = True) ->
         except (ValueError, OSError) as exc:  # ConfigurationError is a ValueError
             problems.append(str(exc))
     return problems
+
+
+def profile_problems(settings: Settings) -> list[str]:
+    """What keeps the settings from running under their profile, one line per setting at fault
+    (none in the embedded profile, where defaults stand in)."""
+    if settings.profile != "production":
+        return []
+    found = []
+    if not settings.redis_url:
+        found.append(_missing("redis_url", "the Redis every process shares, none embedded"))
+    if not settings.database_url:
+        found.append(_missing("database_url", "the SQL database, no SQLite file"))
+    elif settings.database_url.partition(":")[0].lower().split("+")[0] == "sqlite":
+        found.append(
+            f"{ENV_PREFIX}DATABASE_URL is a SQLite file ({mask_url(settings.database_url)}): "
+            "each host would keep a ledger of its own; the production profile needs a "
+            "database server every host shares (postgresql+asyncpg://, mysql+asyncmy://)"
+        )
+    for name in ("ticket_secret", "payment_secret"):
+        if not getattr(settings, name):
+            found.append(_missing(name, "a key every host shares, none generated"))
+    found.extend(token_key_problems(settings))
+    return found
+
+
+def token_key_problems(settings: Settings) -> list[str]:
+    """What the production profile misses to verify tokens."""
+    if settings.jwt_jwks_file is not None or settings.jwt_jwks_url:
+        return []  # the key set (token_codec checks it is one)
+    if settings.jwt_algorithm == "HS256" and not settings.jwt_secret:
+        return [_missing("jwt_secret", "the tokens' HS256 key, none generated")]
+    if settings.jwt_algorithm != "HS256" and settings.jwt_public_key_file is None:
+        return [
+            _missing(
+                "jwt_public_key_file",
+                "the PEM key that checks tokens (or a key set: SECKILL_JWT_JWKS_FILE or "
+                "SECKILL_JWT_JWKS_URL)",
+            )
+        ]
+    return []
+
+
+def require_runnable(settings: Settings) -> None:
+    """Raise ``ConfigurationError`` naming every problem of the profile (``profile_problems``)."""
+    found = profile_problems(settings)
+    if found:
+        raise ConfigurationError(cannot_start(settings, found))
+
+
+def cannot_start(settings: Settings, problems: list[str]) -> str:
+    """The refusal of a process that has ``problems``: one line, or one line each."""
+    if len(problems) == 1:
+        return f"the {settings.profile} profile cannot start: {problems[0]}"
+    listed = "\n".join(f"- {p}" for p in problems)
+    return f"the {settings.profile} profile cannot start:\n{listed}"
+
+
+def _missing(name: str, what: str) -> str:
+    setting = variable(name)
+    return f"{setting} is not set: {what} (or {setting}_FILE, a file that holds it)"
 
 
 def url_problems(settings: Settings) -> list[str]:

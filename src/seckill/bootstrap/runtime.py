@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from redis.asyncio.cluster import RedisCluster
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from seckill.config import ConfigurationError, Settings
+from seckill.bootstrap.checks import require_runnable
+from seckill.bootstrap.tls import database_ssl_context, database_tls_refusal, redis_ssl_options
+from seckill.config import Settings
+from seckill.domain.configuration import ConfigurationError
 from seckill.domain.ids import OrderIds
 from seckill.engine.base import Clock, RateLimit
 from seckill.engine.cluster import ClusterNodes, ClusterPipeliner, RedisClient, connect
@@ -25,7 +28,6 @@ from seckill.redis_server import RedisServer
 from seckill.store.database import is_transient, open_database
 from seckill.store.ledger import Ledger
 from seckill.store.migrate import schema_problem, upgrade
-from seckill.tls import database_ssl_context, database_tls_refusal, redis_ssl_options
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,8 @@ async def open_runtime(settings: Settings, *, clock: Clock | None = None) -> Asy
     """Connect everything (starting the embedded Redis if no URL is set); close it all on exit.
 
     Raises ``ConfigurationError`` before connecting anything when the settings cannot run
-    under their profile, or name TLS files that cannot be used (see ``seckill.tls``)."""
-    settings.require_runnable()
+    under their profile, or name TLS files that cannot be used (see ``seckill.bootstrap.tls``)."""
+    require_runnable(settings)
     redis_tls = redis_ssl_options(settings)  # the files checked before anything connects
     database_tls = database_ssl_context(settings)
     async with contextlib.AsyncExitStack() as stack:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from seckill.bootstrap.tls import redis_ssl_options
 from seckill.config import Settings
 from seckill.domain.masking import mask_in, mask_url
 from seckill.engine.cluster import REDIS_FAILED, connect
-from seckill.tls import redis_ssl_options
 
 log = logging.getLogger(__name__)
 

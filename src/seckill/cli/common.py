@@ -29,7 +29,8 @@ def current_settings() -> Settings:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from seckill.config import ConfigurationError, Settings
+    from seckill.config import Settings
+    from seckill.domain.configuration import ConfigurationError
 
     try:
         return Settings()
@@ -47,12 +48,12 @@ def checked_settings(*, tokens: bool = True) -> Settings:
     `seckill config check` prints): else the command ends with exit 2 and what is wrong, one
     line per problem, before it creates or connects anything. Without ``tokens`` (a command
     that checks none) the key set of SECKILL_JWT_JWKS_URL is not fetched."""
-    from seckill.bootstrap.checks import configuration_problems
+    from seckill.bootstrap.checks import cannot_start, configuration_problems
 
     settings = current_settings()
     problems = configuration_problems(settings, fetch_key_set=tokens)
     if problems:
-        abort(settings.cannot_start(problems))
+        abort(cannot_start(settings, problems))
     return settings
 
 
@@ -61,7 +62,7 @@ def _unparsed(exc: Exception) -> str:
     the field but not the variable, nor what was expected."""
     import re
 
-    from seckill.config import ENV_PREFIX
+    from seckill.domain.configuration import ENV_PREFIX
 
     found = re.search(r'field "(\w+)"', str(exc))
     if found is None:
@@ -71,7 +72,7 @@ def _unparsed(exc: Exception) -> str:
 
 
 def _settings_errors(exc: Any) -> str:
-    from seckill.config import ENV_PREFIX
+    from seckill.domain.configuration import ENV_PREFIX
 
     lines = [
         f"{ENV_PREFIX}{'_'.join(map(str, error['loc'])).upper()}: {error['msg']}"
@@ -143,7 +144,7 @@ def with_runtime(work: Callable[[Runtime], Awaitable[T]]) -> T:
     current (see ``prepare_schema``) and a server that does not answer are each a clear error,
     exit 2."""
     from seckill.bootstrap.runtime import open_runtime
-    from seckill.config import ConfigurationError
+    from seckill.domain.configuration import ConfigurationError
     from seckill.domain.masking import mask_in
     from seckill.domain.outcomes import InvalidRequest
     from seckill.engine.cluster import REDIS_UNAVAILABLE
@@ -175,9 +176,9 @@ def database_trouble(exc: BaseException) -> str | None:
     traceback is wanted)."""
     from sqlalchemy.exc import DBAPIError
 
+    from seckill.bootstrap.tls import database_tls_refusal
     from seckill.domain.masking import mask_in
     from seckill.store.database import is_transient
-    from seckill.tls import database_tls_refusal
 
     refusal = database_tls_refusal(exc)
     if refusal:

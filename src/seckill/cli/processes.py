@@ -29,7 +29,7 @@ worker_commands = typer.Typer(help="Background workers.", no_args_is_help=True)
 def _run(settings: Settings, *, api: bool, workers: Iterable[str], **options: Any) -> None:
     """Run the API and/or workers on one event loop until SIGTERM (after ``_start_process``)."""
     from seckill.bootstrap.workers import WorkerKind
-    from seckill.config import ConfigurationError
+    from seckill.domain.configuration import ConfigurationError
     from seckill.domain.masking import mask_in
     from seckill.engine.cluster import REDIS_UNAVAILABLE
     from seckill.serve import run_blocking

@@ -160,10 +160,10 @@ def bench(
     any check fails, 2 if the sale could not be set up). Buyer tokens and payment notices are
     signed with the deployment's keys, read from the same SECKILL_* settings it runs with.
     """
-    from seckill.crowd.client import Credentials
+    from seckill.bootstrap.keys import crowd_credentials
+    from seckill.bootstrap.tls import database_ssl_context
     from seckill.crowd.plan import QueuePlan
     from seckill.crowd.rehearsal import rehearse
-    from seckill.tls import database_ssl_context
 
     plan = _plan(
         buyers=buyers, late_buyers=late_buyers, duration_s=duration, units=units,
@@ -173,7 +173,7 @@ def bench(
     )  # fmt: skip
     settings = current_settings()
     try:
-        credentials = Credentials.from_settings(settings, admin_token=admin_token)
+        credentials = crowd_credentials(settings, admin_token=admin_token)
         database = settings.model_copy(update={"database_url": database_url or ""})
         database_tls = database_ssl_context(database) if database_url else None
     except ValueError as exc:  # a ConfigurationError too

@@ -15,12 +15,11 @@ from typing import Any
 
 import aiohttp
 
-from seckill.config import Settings
 from seckill.domain.money import Money
 from seckill.security.passes import PASS_HEADER
-from seckill.security.signatures import SIGNATURE_HEADER, payment_secret, sign
+from seckill.security.signatures import SIGNATURE_HEADER, sign
 from seckill.security.tickets import TICKET_HEADER
-from seckill.security.tokens import Role, TokenCodec, token_codec
+from seckill.security.tokens import Role, TokenCodec
 
 TRANSPORT_ERROR = "transport_error"
 _TOKEN_TTL_S = 3_600
@@ -52,20 +51,6 @@ class Credentials:
     payment_secret: str | bytes
     admin_token: str | None = None
     _minted: dict[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, *, admin_token: str | None = None) -> Credentials:
-        """The deployment's own keys, as its settings name them (``SECKILL_JWT_*``,
-        ``SECKILL_PAYMENT_SECRET``, or those generated into ``SECKILL_DATA_DIR``)."""
-        tokens = token_codec(settings)
-        if not tokens.can_mint:
-            raise ValueError(
-                "buyer tokens need the signing key: set SECKILL_JWT_PRIVATE_KEY_FILE (with a "
-                "key set, SECKILL_JWT_SIGNING_KID too)"
-            )
-        # A provider signs with one key: the first, as SECKILL_PAYMENT_SECRET orders them.
-        signing = payment_secret(settings)[0]
-        return cls(tokens=tokens, payment_secret=signing, admin_token=admin_token)
 
     def buyer(self, name: str) -> str:
         token = self._minted.get(name)

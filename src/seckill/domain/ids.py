@@ -53,6 +53,11 @@ class OrderIds:
         self._valid_until = valid_until
 
     @property
+    def leased(self) -> bool:
+        """Whether the worker id is leased (and may lapse), not assigned for good."""
+        return self._valid_until != float("inf")
+
+    @property
     def lapsed(self) -> bool:
         """Whether the worker id's lease lapsed: ``next()`` refuses until it is renewed."""
         return time.monotonic() > self._valid_until

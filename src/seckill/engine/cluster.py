@@ -82,7 +82,7 @@ def connect(
     cluster client cannot wait (past its bound a call fails), so on a cluster it is left
     unbounded: a burst opens what it needs per node, and the connections stay for the next.
     ``ssl_options``: for a rediss:// URL, redis-py's ``ssl_*`` keyword arguments (see
-    ``seckill.tls``).
+    ``seckill.bootstrap.tls``).
     """
     tls = dict(ssl_options or {})
     if cluster:

@@ -1,8 +1,9 @@
 """Secrets generated once into the data directory, so every local process agrees on them (the
 embedded profile only).
 
-Used when a secret setting is left empty: ``seckill serve`` and ``seckill token`` started on a
-fresh machine must share one key without anyone configuring it. Production sets the secrets.
+Used when a secret setting is left empty (``seckill.bootstrap.keys``): ``seckill serve`` and
+``seckill token`` started on a fresh machine must share one key without anyone configuring it.
+Production sets the secrets.
 """
 
 from __future__ import annotations
@@ -13,46 +14,7 @@ import secrets
 import tempfile
 from pathlib import Path
 
-from seckill.config import ENV_PREFIX, ConfigurationError, Settings
-
 _NAME = re.compile(r"[a-z0-9_-]{1,64}")
-
-
-def secret_or_generated(settings: Settings, name: str) -> str:
-    """The secret setting ``<name>_secret``: configured, or (embedded profile only) generated
-    once into the data directory. The production profile generates nothing: an unset secret
-    there is a ``ConfigurationError``."""
-    value: str = getattr(settings, f"{name}_secret")
-    if value:
-        return value
-    if settings.profile == "production":
-        variable = f"{ENV_PREFIX}{name.upper()}_SECRET"
-        raise ConfigurationError(f"{variable} is not set (the production profile generates none)")
-    return generated_secret(settings.data_dir, name)
-
-
-def secret_keys(settings: Settings, name: str, *, min_bytes: int = 1) -> tuple[str, ...]:
-    """The keys of the secret setting ``<name>_secret`` (see ``secret_or_generated``): one key,
-    or several separated by commas. The first signs, every one verifies, so a key rotates
-    without refusing anyone: add the new one second, make it first, drop the old one.
-
-    Raises ``ConfigurationError`` (a ``ValueError``), naming the setting, for an empty key (as
-    in ``a,,b``) or a key shorter than ``min_bytes``.
-    """
-    keys = tuple(key.strip() for key in secret_or_generated(settings, name).split(","))
-    variable = f"{ENV_PREFIX}{name.upper()}_SECRET"
-    for number, key in enumerate(keys, start=1):
-        if not key:
-            raise ConfigurationError(
-                f"{variable}: key {number} of {len(keys)} is empty (keys are separated by "
-                "single commas, none before the first or after the last)"
-            )
-        if len(key.encode()) < min_bytes:
-            raise ConfigurationError(
-                f"{variable}: key {number} of {len(keys)} has {len(key.encode())} bytes; "
-                f"each needs at least {min_bytes}"
-            )
-    return keys
 
 
 def generated_secret(data_dir: Path, name: str) -> str:

@@ -31,7 +31,6 @@ import httpx
 from joserfc.errors import JoseError, SecurityWarning
 from joserfc.jwk import ECKey, JWKRegistry, OctKey, RSAKey
 
-from seckill.config import ENV_PREFIX, Settings
 from seckill.domain.masking import mask_in, mask_url
 
 Algorithm = Literal["HS256", "RS256", "ES256"]
@@ -153,20 +152,6 @@ class JwksSource:
         else:
             detail = mask_in(str(error) or type(error).__name__, self.url)
         return ValueError(f"{self.setting}: cannot fetch {mask_url(self.url)}: {detail}")
-
-
-def jwks_source(settings: Settings) -> JwksSource | None:
-    """The key set the settings name, or None (tokens are checked with one pinned key).
-    ``ValueError`` when both a file and a URL are named."""
-    file_setting = f"{ENV_PREFIX}JWT_JWKS_FILE"
-    url_setting = f"{ENV_PREFIX}JWT_JWKS_URL"
-    if settings.jwt_jwks_file is not None and settings.jwt_jwks_url:
-        raise ValueError(f"both {file_setting} and {url_setting} are set: keep one")
-    if settings.jwt_jwks_file is not None:
-        return JwksSource(setting=file_setting, file=settings.jwt_jwks_file)
-    if settings.jwt_jwks_url:
-        return JwksSource(setting=url_setting, url=settings.jwt_jwks_url)
-    return None
 
 
 def parse_key_set(document: bytes | str, *, source: str) -> dict[str, PinnedKey]:

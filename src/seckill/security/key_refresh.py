@@ -13,8 +13,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from seckill.config import Settings
-from seckill.security.jwks import JwksSource, jwks_source
+from seckill.security.jwks import JwksSource
 from seckill.security.tokens import TokenCodec
 
 log = logging.getLogger(__name__)
@@ -87,16 +86,15 @@ class JwksRefresher:
 
 
 @contextlib.asynccontextmanager
-async def refreshing(codec: TokenCodec, settings: Settings) -> AsyncIterator[JwksRefresher | None]:
-    """While open, ``codec``'s key set is refreshed in the background, when the settings name
-    one (else this does nothing and yields None)."""
-    source = jwks_source(settings)
+async def refreshing(
+    codec: TokenCodec, source: JwksSource | None, *, interval_seconds: float
+) -> AsyncIterator[JwksRefresher | None]:
+    """While open, ``codec``'s key set is loaded again from ``source`` in the background (with
+    no source, this does nothing and yields None)."""
     if source is None:
         yield None
         return
-    refresher = JwksRefresher(
-        codec=codec, source=source, interval_seconds=settings.jwt_jwks_refresh_seconds
-    )
+    refresher = JwksRefresher(codec=codec, source=source, interval_seconds=interval_seconds)
     task = asyncio.create_task(refresher.run(), name="jwks-refresher")
     try:
         yield refresher

@@ -15,10 +15,6 @@ import hmac
 import re
 from collections.abc import Sequence
 
-from seckill.config import Settings
-from seckill.security.generated import secret_keys
-from seckill.security.signed import MIN_KEY_BYTES
-
 SIGNATURE_HEADER = "Seckill-Signature"
 
 # ASCII digits only: str.isdigit accepts "²" and friends, which int() then refuses. Twelve digits
@@ -74,13 +70,6 @@ def verify_signature(
     if abs(now - timestamp) > tolerance_seconds:
         raise BadSignature(f"signature timestamp outside the {tolerance_seconds} s window")
     return timestamp
-
-
-def payment_secret(settings: Settings) -> tuple[bytes, ...]:
-    """The HMAC keys shared with the payment provider, the signing one first: configured, or
-    one generated once. Raises ``ValueError`` naming the setting for an empty key or one
-    shorter than ``MIN_KEY_BYTES`` (a short key is guessed offline from one signed notice)."""
-    return tuple(key.encode() for key in secret_keys(settings, "payment", min_bytes=MIN_KEY_BYTES))
 
 
 def _keys(secret: Secret) -> tuple[bytes, ...]:

@@ -31,12 +31,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from seckill.config import Settings
 from seckill.domain.rules import MAX_BUYER_LEN, MAX_ID
-from seckill.security.generated import secret_keys
 from seckill.security.signed import (
     BUYER_FIELD,
-    MIN_KEY_BYTES,
     Signer,
     decode_buyer,
     encode_buyer,
@@ -114,10 +111,3 @@ class TicketCodec:
         if problem:
             raise BadTicket(problem)
         return ticket
-
-
-def ticket_secret(settings: Settings) -> tuple[bytes, ...]:
-    """The HMAC keys of tickets and queue passes, the signing one first: configured, or one
-    generated once into the data directory. Raises ``ValueError`` naming the setting for an
-    empty key or one shorter than ``signed.MIN_KEY_BYTES``."""
-    return tuple(key.encode() for key in secret_keys(settings, "ticket", min_bytes=MIN_KEY_BYTES))

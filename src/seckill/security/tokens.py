@@ -18,8 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ec import (
     EllipticCurvePrivateKey,
@@ -31,10 +30,9 @@ from joserfc import jwt
 from joserfc.errors import BadSignatureError, JoseError, UnsupportedAlgorithmError
 from joserfc.jwk import ECKey, GuestProtocol, OctKey, RSAKey
 
-from seckill.config import ENV_PREFIX, Settings
+from seckill.domain.configuration import variable
 from seckill.domain.outcomes import InvalidRequest
 from seckill.domain.rules import check_buyer
-from seckill.security.generated import secret_keys
 from seckill.security.hs256 import Hs256Verifier
 from seckill.security.jwks import (
     ALGORITHMS,
@@ -44,7 +42,6 @@ from seckill.security.jwks import (
     KeyTable,
     PinnedKey,
     fingerprint,
-    jwks_source,
     key_problem,
     quiet_key_sizes,
 )
@@ -59,7 +56,6 @@ __all__ = [
     "InvalidToken",
     "Role",
     "TokenCodec",
-    "token_codec",
 ]
 
 # Tolerated clock difference between the host that minted a token and the host checking it
@@ -80,8 +76,8 @@ LEEWAY_SECONDS = 5
 VERIFIED_CACHE_SIZE = 200_000
 
 _REQUIRED_CLAIMS = ("sub", "role", "iss", "aud", "iat", "exp")
-_PRIVATE_KEY_FILE = f"{ENV_PREFIX}JWT_PRIVATE_KEY_FILE"
-_SIGNING_KID = f"{ENV_PREFIX}JWT_SIGNING_KID"
+_PRIVATE_KEY_FILE = variable("jwt_private_key_file")
+_SIGNING_KID = variable("jwt_signing_kid")
 
 _Key = OctKey | RSAKey | ECKey
 
@@ -385,67 +381,6 @@ class TokenCodec:
         if problem:
             raise InvalidToken(f"bad subject: {problem}")
         return Identity(subject=subject, role=role), times
-
-
-def token_codec(settings: Settings) -> TokenCodec:
-    """The codec the settings describe: a key set (read or fetched now), or one pinned
-    algorithm (HS256 secret generated into the data dir if unset). Raises ``ValueError``
-    naming the setting at fault."""
-    private_file = settings.jwt_private_key_file
-    source = jwks_source(settings)
-    if source is not None:
-        return TokenCodec.from_key_set(
-            source.load(),
-            signing_kid=settings.jwt_signing_kid or None,
-            signing_key=_key_file(private_file, _PRIVATE_KEY_FILE),
-            issuer=settings.jwt_issuer,
-            audience=settings.jwt_audience,
-        )
-    if settings.jwt_algorithm == "HS256":
-        keys = secret_keys(settings, "jwt", min_bytes=MIN_HMAC_KEY_BYTES)
-        return TokenCodec(
-            algorithm="HS256",
-            signing_key=keys[0],
-            verify_key=keys,
-            issuer=settings.jwt_issuer,
-            audience=settings.jwt_audience,
-        )
-    if settings.jwt_public_key_file is None:
-        raise ValueError(
-            f"{settings.jwt_algorithm} needs {ENV_PREFIX}JWT_PUBLIC_KEY_FILE (a PEM public key)"
-        )
-    public_setting = f"{ENV_PREFIX}JWT_PUBLIC_KEY_FILE"
-    try:
-        return TokenCodec(
-            algorithm=settings.jwt_algorithm,
-            signing_key=_key_file(private_file, _PRIVATE_KEY_FILE),
-            verify_key=_key_file(settings.jwt_public_key_file, public_setting),
-            issuer=settings.jwt_issuer,
-            audience=settings.jwt_audience,
-        )
-    except ValueError as error:
-        if str(error).startswith(ENV_PREFIX):
-            raise  # a file that cannot be read, named already
-        named = (
-            public_setting if private_file is None else f"{public_setting} and {_PRIVATE_KEY_FILE}"
-        )
-        raise ValueError(f"{named}: {error}") from None
-
-
-@overload
-def _key_file(path: Path, variable: str) -> bytes: ...
-@overload
-def _key_file(path: None, variable: str) -> None: ...
-def _key_file(path: Path | None, variable: str) -> bytes | None:
-    """The PEM file a setting names, read; ``ValueError`` naming the setting if it cannot be."""
-    if path is None:
-        return None
-    try:
-        return path.read_bytes()
-    except OSError as error:
-        raise ValueError(
-            f"{variable} names {path}, which cannot be read: {error.strerror}"
-        ) from None
 
 
 def _subject_problem(subject: Any, role: Role) -> str | None:

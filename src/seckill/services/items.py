@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from seckill.config import Settings
 from seckill.domain.items import ItemRecord, NewItem, Stock
 from seckill.domain.outcomes import ErrorCode, InvalidRequest, Outcome
 from seckill.engine.engine import RedisEngine
@@ -19,10 +18,22 @@ class UnknownItem(LookupError):
     pass
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDefaults:
+    """What an item created without them gets: the deployment's settings (SECKILL_PER_BUYER_LIMIT,
+    SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS, SECKILL_WAITING_ROOM, SECKILL_CURRENCY)."""
+
+    per_buyer_limit: int
+    hold_seconds: int
+    stock_shards: int
+    waiting_room: bool
+    currency: str
+
+
 async def create_item(
     ledger: Ledger,
     cache: ItemCache,
-    settings: Settings,
+    defaults: ItemDefaults,
     *,
     name: str,
     price_cents: int,
@@ -40,33 +51,24 @@ async def create_item(
     """Put an item in the record (SQL) and write its card; it goes on sale once warmed.
 
     A per-buyer limit, hold time, stock shard count, waiting room or currency left out is the
-    settings' (SECKILL_PER_BUYER_LIMIT, SECKILL_HOLD_SECONDS, SECKILL_STOCK_SHARDS,
-    SECKILL_WAITING_ROOM, SECKILL_CURRENCY).
-    A room's pace and opening lead left out stay unset: the deployment's at the time it sells
-    (SECKILL_QUEUE_ADMIT_PER_SECOND, SECKILL_QUEUE_OPEN_SECONDS). Returns the new item's id.
+    ``defaults``'. A room's pace and opening lead left out stay unset: the deployment's at the
+    time it sells (SECKILL_QUEUE_ADMIT_PER_SECOND, SECKILL_QUEUE_OPEN_SECONDS). Returns the new
+    item's id.
     """
-    if per_buyer_limit is None:
-        per_buyer_limit = settings.per_buyer_limit
-    if hold_seconds is None:
-        hold_seconds = settings.hold_seconds
-    if stock_shards is None:
-        stock_shards = settings.stock_shards
-    if waiting_room is None:
-        waiting_room = settings.waiting_room
-    if currency is None:
-        currency = settings.currency
     item_id = await ledger.create_item(
         NewItem(
             name=name,
             price_cents=price_cents,
-            currency=currency,
+            currency=defaults.currency if currency is None else currency,
             total=total,
             starts_at=starts_at,
             ends_at=ends_at,
-            per_buyer_limit=per_buyer_limit,
-            hold_seconds=hold_seconds,
-            stock_shards=stock_shards,
-            waiting_room=waiting_room,
+            per_buyer_limit=(
+                defaults.per_buyer_limit if per_buyer_limit is None else per_buyer_limit
+            ),
+            hold_seconds=defaults.hold_seconds if hold_seconds is None else hold_seconds,
+            stock_shards=defaults.stock_shards if stock_shards is None else stock_shards,
+            waiting_room=defaults.waiting_room if waiting_room is None else waiting_room,
             queue_admit_per_second=queue_admit_per_second,
             queue_open_seconds=queue_open_seconds,
         )

@@ -36,9 +36,9 @@ def open_database(
     """An engine for ``url``. SQLite gets WAL and a busy timeout, so several processes can share
     the file; servers get a pre-ping so a restarted server is survived.
 
-    ``tls``: a server's connections speak TLS with this context (see ``seckill.tls``), both
-    drivers' (asyncpg, asyncmy) ``ssl`` argument; None leaves the URL's options and the driver's
-    defaults.
+    ``tls``: a server's connections speak TLS with this context (see
+    ``seckill.bootstrap.tls``), both drivers' (asyncpg, asyncmy) ``ssl`` argument; None leaves
+    the URL's options and the driver's defaults.
 
     ``deadline_s``: the longest a connection, a statement or a wait for a pooled connection may
     take before it fails as an outage (``is_transient``): for requests, which must answer (503)

@@ -23,7 +23,8 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from seckill.config import ENV_PREFIX, ConfigurationError, Settings
+from seckill.config import Settings
+from seckill.domain.configuration import ENV_PREFIX, ConfigurationError
 
 
 def client_context(
