@@ -8,6 +8,7 @@ Real redis-servers of the test's own (a restart needs one), real SQL on every ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 from collections import Counter
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.ids import OrderIds
@@ -30,6 +32,7 @@ from seckill.services.reconcile.reconciler import Reconciler
 from seckill.services.reconcile.records import audit_records
 from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
+from seckill.workers.reconciler import ReconcilerWorker
 from tests.conftest import new_item, pay, redis7_binary
 from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_recovery import connected, copy_aof, restore_aof
@@ -116,6 +119,55 @@ async def test_a_restarted_redis_fences_every_write_until_checked(
             assert (await pay(engine, item_id, held, "pay-2")).outcome is Outcome.PAID
             await drain(Sale(engine, ledger, redis, item_id, ids))
             await assert_sound(engine, ledger, item_id)
+    finally:
+        server.stop()
+
+
+async def evalsha_calls(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+@pytest.mark.redis_variants("redis7")
+async def test_the_fence_check_looks_at_every_item_only_when_the_server_changed(
+    ledger: Ledger, tmp_path: Path
+) -> None:
+    """Between restarts the reconciler's fence check asks a few commands a pass, not one per
+    item; a shard a detector fences (here another engine, as the persister would) is checked
+    at the next pass; after a restart every item is, and each sells again."""
+    server = RedisServer(binary=redis7_binary(), data_dir=tmp_path / "r", appendonly=True).start()
+    try:
+        async with connected(server) as (redis, engine):
+            items = [await ledger.create_item(new_item(total=5, limit=1)) for _ in range(40)]
+            for item_id in items:
+                await warm_item(engine, ledger, item_id)
+            worker = ReconcilerWorker(
+                reconciler=reconciler(engine, ledger), redis=redis, scripts=engine.scripts,
+                prefix=engine.prefix, interval_s=3_600, repair=False, engine=engine,
+            )  # fmt: skip
+            await worker.run_once()  # every item, once: the servers were not seen yet
+            before = await evalsha_calls(redis)
+            for _ in range(5):
+                assert await worker.run_once() == 0
+            assert await evalsha_calls(redis) - before <= 10  # the upkeep lock's, not 40 a pass
+
+            async with connected(server) as (_, detector):
+                await detector.fence(items[7], 0, "behind_sql")
+            assert await engine.fenced_items(items) == [items[7]]
+            assert await worker.run_once() == 1
+            assert await engine.fenced_items(items) == []
+            await rewrite_aof(redis)
+            server.kill()
+            server.start()
+            for _ in range(20):  # each pooled connection finds its server gone once, as a worker's
+                with contextlib.suppress(RedisConnectionError):
+                    await redis.ping()
+                    break
+
+            assert await engine.fenced_items(items) == items
+            assert await worker.run_once() == len(items)
+            assert await engine.fenced_items(items) == []
+            assert await reserve(engine, items[0], "after") is Outcome.RESERVED
     finally:
         server.stop()
 

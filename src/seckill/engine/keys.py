@@ -133,6 +133,12 @@ def queues_registry(prefix: str) -> str:
     return f"{prefix}:queues"
 
 
+def fenced_registry(prefix: str) -> str:
+    """A set of the items a detector fenced, or left fenced, since the fence check last looked
+    (see ``EngineRepairs.take_flagged``): what it checks between changes of the servers."""
+    return f"{prefix}:fenced"
+
+
 def upkeep_lock_key(job: str, prefix: str) -> str:
     """String (an owner token, PX): held by the one process doing ``job`` (the reconciler)."""
     return f"{prefix}:upkeep:{job}"

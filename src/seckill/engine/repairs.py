@@ -8,14 +8,22 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
+
+from redis.asyncio.cluster import RedisCluster
 
 from seckill.domain import rules
 from seckill.domain.items import SaleItem, Stock
 from seckill.domain.lifecycle import Unsettled
 from seckill.domain.outcomes import Outcome
 from seckill.engine.base import EngineBase, queue_args
-from seckill.engine.keys import item_card_keys, items_registry, queue_keys, queues_registry
+from seckill.engine.keys import (
+    fenced_registry,
+    item_card_keys,
+    items_registry,
+    queue_keys,
+    queues_registry,
+)
 from seckill.engine.reads import ShardRemains
 from seckill.engine.scripts import ScriptName
 
@@ -52,6 +60,7 @@ class Recovery:
 
 
 _REPAIR_BATCH = 1_000
+_TAKE_AT_MOST = 1_000_000  # flagged items taken at once: every one there is
 RESTORE_BATCH = 500  # events put back per script call: each call blocks its node meanwhile
 
 
@@ -62,9 +71,44 @@ class EngineRepairs(EngineBase):
     # -- the fence (see live_run in _common.lua) ---------------------------------------------
 
     async def fence(self, item_id: int, shard: int, why: str) -> Outcome:
-        """Fence a stock shard found behind SQL: it sells nothing until verified again."""
+        """Fence a stock shard found behind SQL: it sells nothing until verified again. The item
+        is flagged for the fence check too, wherever that runs (``take_flagged``)."""
         reply = await self._call(ScriptName.FENCE, item_id, "fence", "", why, shard=shard)
+        await self.flag_fenced([item_id])
         return Outcome(reply[0])
+
+    async def flag_fenced(self, item_ids: Sequence[int]) -> None:
+        """Have the fence check look at these items (fenced, or left fenced) at its next pass."""
+        if item_ids:
+            await self._redis.sadd(fenced_registry(self.prefix), *item_ids)
+
+    async def take_flagged(self) -> list[int]:
+        """The items flagged since the last look, taken off the registry at once: a detector
+        flags after it fences, so one flagged after this is looked at next time."""
+        # SPOP takes them in one command (a cluster pipeline cannot be a transaction).
+        members = await self._redis.spop(fenced_registry(self.prefix), _TAKE_AT_MOST)
+        return sorted(int(member) for member in cast(list[str], members or []))
+
+    async def servers_seen(self) -> frozenset[tuple[object, ...]] | None:
+        """What a shard's fence follows from, as the servers say now: each server's run id and,
+        on a cluster, the slots each serves. Unchanged since every shard was checked, no shard
+        can have been fenced since but by a detector (``fence``: flagged). None: a serving node
+        this client cannot reach yet (the caller checks every item)."""
+        if not isinstance(self._redis, RedisCluster):
+            info = await self._redis.info("server")
+            return frozenset({(str(info["run_id"]),)})
+        # redis-py parses CLUSTER SLOTS into {(start, end): {"primary": (host, port), ...}}.
+        served = cast(dict[tuple[int, int], dict[str, Any]], await self._redis.cluster_slots())
+        runs: dict[tuple[str, int], str] = {}
+        for host, port in {tuple(slots["primary"]) for slots in served.values()}:
+            node = self._redis.get_node(host=host, port=port)
+            if node is None:
+                return None
+            info = await self._redis.info("server", target_nodes=node)
+            runs[host, port] = str(info["run_id"])
+        return frozenset(
+            (start, end, runs[tuple(slots["primary"])]) for (start, end), slots in served.items()
+        )
 
     async def fenced_items(self, item_ids: Sequence[int]) -> list[int]:
         """Of ``item_ids``, those with a fenced shard (loaded, not verified under its server's

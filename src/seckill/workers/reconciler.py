@@ -3,6 +3,12 @@ drift it finds and, when asked to, repairs it (see ``seckill.services.reconcile`
 more often, checks the items whose Redis restarted or lost writes (fenced: they sell nothing)
 against SQL, rebuilding what was lost, so that they sell again within a moment.
 
+The fence check looks at every item only when the servers changed (a restart, a failover, a slot
+moved: each server's run id and, on a cluster, the slots it serves, read in a command per
+server), which is when a shard can fall behind its Redis unseen; between changes, at the items a
+detector fenced (they are flagged in Redis as they are). So a fence is noticed within one pause
+whatever the number of items, at the cost of a few commands a pass.
+
 One pass at a time across all replicas: an upkeep lock in Redis (a ``Lease``, see
 ``seckill.engine.leases``) picks the replica that works; the others skip their pass. A holder
 that dies lets the lock lapse after ``LEASE_TTL_MS``, and another replica takes over.
@@ -54,6 +60,8 @@ class ReconcilerWorker:
             ttl_ms=LEASE_TTL_MS,
         )
         self._repair = repair
+        # The servers as they were when every item was last checked (None: not yet).
+        self._servers_checked: frozenset[tuple[object, ...]] | None = None
         self.passes = 0
         self.reports: list[ItemReport] = []  # the last pass's
 
@@ -63,11 +71,26 @@ class ReconcilerWorker:
         verified or rebuilt: the loop waits the fence check's pause when there were none."""
         if not await self._hold_upkeep_lock():
             return 0
-        fenced = await self._reconciler.verify_fenced(await self._engine.item_ids())
+        fenced = await self._check_fences()
         if time.monotonic() >= self._next_pass:
             self._next_pass = time.monotonic() + self._interval_s
             await self._full_pass()
         return len(fenced)
+
+    async def _check_fences(self) -> list[ItemReport]:
+        """The fenced items checked against SQL (see the module's docstring): every item after
+        the servers changed, else those flagged since the last look."""
+        flagged = await self._engine.take_flagged()
+        servers = await self._engine.servers_seen()
+        if servers is None or servers != self._servers_checked:
+            reports = await self._reconciler.verify_fenced(await self._engine.item_ids())
+            self._servers_checked = servers
+            return reports
+        try:
+            return await self._reconciler.verify_fenced(flagged)
+        except BaseException:
+            await self._engine.flag_fenced(flagged)  # taken, not checked: next time
+            raise
 
     async def _full_pass(self) -> None:
         item_ids = await self._reconciler.item_ids()

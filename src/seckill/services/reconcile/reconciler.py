@@ -41,7 +41,7 @@ from seckill.domain.events import stream_position
 from seckill.domain.holds import Hold
 from seckill.domain.items import Stock
 from seckill.domain.orders import moves_order
-from seckill.domain.outcomes import InvalidRequest
+from seckill.domain.outcomes import InvalidRequest, Outcome
 from seckill.engine.audit import redis_accounts
 from seckill.engine.engine import RedisEngine
 from seckill.engine.reads import ItemSnapshot, combined_stock
@@ -255,13 +255,18 @@ class Reconciler:
                 except InvalidRequest as refused:
                     log.error("item %d stays fenced: rebuilding it from SQL was refused: %s",
                               item_id, refused)  # fmt: skip
+                    await self._engine.flag_fenced([item_id])  # looked at again next time
                     reports.append(report)
                     continue
                 report = dataclasses.replace(report, repairs=repairs, left=[])
             else:
                 for snapshot in compared.snapshots:
                     if snapshot.fenced:
-                        await self._engine.verify(item_id, snapshot.shard, seen_run=snapshot.run)
+                        verified = await self._engine.verify(
+                            item_id, snapshot.shard, seen_run=snapshot.run
+                        )
+                        if verified is Outcome.MOVED:  # fenced again meanwhile
+                            await self._engine.flag_fenced([item_id])
                 log.info("item %d verified against SQL after its Redis restarted: it sells",
                          item_id)  # fmt: skip
             reports.append(report)
