@@ -58,12 +58,29 @@ async def a_lease_never_acquired_is_not_ours(redis: Redis, scripts: Scripts) -> 
     assert await redis.get("t:lease") == "someone"
 
 
+async def holding_renews_once_a_third_of_the_ttl(redis: Redis, scripts: Scripts) -> None:
+    """A holder asked again and again renews only once a third of its lease has gone by, and
+    one that lost it (it lapsed, someone else took it) is told so."""
+    held, other = lease(redis, scripts, ttl_ms=600), lease(redis, scripts)
+    assert await held.hold()  # taken
+    await redis.pexpire("t:lease", 500)
+    assert await held.hold()  # still well within its lease: nothing sent
+    assert await redis.pttl("t:lease") <= 500
+    await asyncio.sleep(0.25)  # past a third of 600 ms
+    assert await held.hold()
+    assert await redis.pttl("t:lease") > 500  # renewed
+    await asyncio.sleep(0.7)  # lapsed
+    assert await other.acquire()
+    assert not await held.hold()
+
+
 Check = Callable[[Redis, Scripts], Awaitable[None]]
 CONTRACT: list[Check] = [
     one_owner_at_a_time,
     a_renewal_holds_the_lease_a_full_ttl_more,
     a_late_renewal_changes_nothing,
     a_lease_never_acquired_is_not_ours,
+    holding_renews_once_a_third_of_the_ttl,
 ]
 _IDS = [check.__name__ for check in CONTRACT]
 

@@ -81,6 +81,7 @@ def build_worker(
             rate=settings.queue_admit_per_second,
             per_unit=settings.queue_admit_per_unit,
             turn_ms=settings.queue_turn_seconds * 1000,
+            stop=stop,
         )
         return inlet, settings.queue_inlet_interval_seconds
     if kind is WorkerKind.ARCHIVER:

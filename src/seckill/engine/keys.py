@@ -135,7 +135,7 @@ def queues_registry(prefix: str) -> str:
 
 def fenced_registry(prefix: str) -> str:
     """A set of the items a detector fenced, or left fenced, since the fence check last looked
-    (see ``EngineRepairs.take_flagged``): what it checks between changes of the servers."""
+    (see ``EngineRepairs.fence_look``): what it checks between changes of the servers."""
     return f"{prefix}:fenced"
 
 

@@ -72,7 +72,7 @@ class EngineRepairs(EngineBase):
 
     async def fence(self, item_id: int, shard: int, why: str) -> Outcome:
         """Fence a stock shard found behind SQL: it sells nothing until verified again. The item
-        is flagged for the fence check too, wherever that runs (``take_flagged``)."""
+        is flagged for the fence check too, wherever that runs (``fence_look``)."""
         reply = await self._call(ScriptName.FENCE, item_id, "fence", "", why, shard=shard)
         await self.flag_fenced([item_id])
         return Outcome(reply[0])
@@ -82,12 +82,23 @@ class EngineRepairs(EngineBase):
         if item_ids:
             await self._redis.sadd(fenced_registry(self.prefix), *item_ids)
 
-    async def take_flagged(self) -> list[int]:
-        """The items flagged since the last look, taken off the registry at once: a detector
-        flags after it fences, so one flagged after this is looked at next time."""
-        # SPOP takes them in one command (a cluster pipeline cannot be a transaction).
-        members = await self._redis.spop(fenced_registry(self.prefix), _TAKE_AT_MOST)
-        return sorted(int(member) for member in cast(list[str], members or []))
+    async def fence_look(self) -> tuple[list[int], frozenset[tuple[object, ...]] | None]:
+        """What the fence check starts from: the items flagged since its last look, taken off
+        the registry at once (a detector flags after it fences, so one flagged after this is
+        looked at next time), and what a shard's fence follows from as the servers say now
+        (``servers_seen``). On one Redis, one round trip."""
+        registry = fenced_registry(self.prefix)
+        servers: frozenset[tuple[object, ...]] | None
+        if isinstance(self._redis, RedisCluster):
+            flagged = await self._redis.spop(registry, _TAKE_AT_MOST)
+            servers = await self.servers_seen()
+        else:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.spop(registry, _TAKE_AT_MOST)
+                pipe.info("server")
+                flagged, info = await pipe.execute()
+            servers = frozenset({(str(info["run_id"]),)})
+        return sorted(int(member) for member in cast(list[str], flagged or [])), servers
 
     async def servers_seen(self) -> frozenset[tuple[object, ...]] | None:
         """What a shard's fence follows from, as the servers say now: each server's run id and,

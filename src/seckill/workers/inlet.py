@@ -6,11 +6,15 @@ rate, a stock cap per unit available within a turn, everyone queued). Only items
 waiting room have a queue to step: nobody can join another's. One process steps at a
 time across all replicas, holding the upkeep lock (a ``Lease``); a holder that dies lets it lapse
 after a few intervals and another replica carries on from the state in Redis. An item whose sale
-ended, or that is gone, leaves the inlet's rounds.
+ended, or that is gone, leaves the inlet's rounds. With no queue at all, the inlet looks for one
+every ``QUIET_LOOK_S`` instead of every tick, and takes no lock: a deployment without waiting
+rooms pays for it a command and a wake-up a second.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 from seckill.domain.outcomes import Outcome
@@ -22,6 +26,10 @@ from seckill.engine.scripts import Scripts
 from seckill.observability import metrics
 
 log = logging.getLogger(__name__)
+
+# With no queue found, how long the inlet waits before it looks again: a waiting room opens
+# before its sale (queue_open_seconds), so its first step may come this much later.
+QUIET_LOOK_S = 1.0
 
 
 class Inlet:
@@ -38,8 +46,11 @@ class Inlet:
         rate: int,
         per_unit: int,
         turn_ms: int,
+        stop: asyncio.Event | None = None,
     ) -> None:
         self._queues = queues
+        self._interval_s = interval_s
+        self._stop = stop or asyncio.Event()
         self._upkeep_lock = Lease(
             redis,
             scripts=scripts,
@@ -54,10 +65,16 @@ class Inlet:
     async def run_once(self) -> int:
         """One step for every queued item, if this replica holds the lock. Always 0: the loop
         then waits one interval, the inlet's tick (``admitted`` counts what it let in)."""
-        if not await self._upkeep_lock.acquire() and not await self._upkeep_lock.renew():
+        queued = await self._queues.queued_items()
+        if not queued:
+            # The loop's own pause (one tick) follows: together, one look a QUIET_LOOK_S.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), max(0.0, QUIET_LOOK_S - self._interval_s))
+            return 0
+        if not await self._upkeep_lock.hold():
             return 0
         moved = 0
-        for item_id in await self._queues.queued_items():
+        for item_id in queued:
             try:
                 moved += await self._step(item_id)
             except REDIS_UNAVAILABLE as exc:

@@ -80,8 +80,7 @@ class ReconcilerWorker:
     async def _check_fences(self) -> list[ItemReport]:
         """The fenced items checked against SQL (see the module's docstring): every item after
         the servers changed, else those flagged since the last look."""
-        flagged = await self._engine.take_flagged()
-        servers = await self._engine.servers_seen()
+        flagged, servers = await self._engine.fence_look()
         if servers is None or servers != self._servers_checked:
             reports = await self._reconciler.verify_fenced(await self._engine.item_ids())
             self._servers_checked = servers
@@ -110,4 +109,4 @@ class ReconcilerWorker:
 
     async def _hold_upkeep_lock(self) -> bool:
         """Take the upkeep lock, or keep it if this replica holds it; False while another does."""
-        return await self._upkeep_lock.acquire() or await self._upkeep_lock.renew()
+        return await self._upkeep_lock.hold()
