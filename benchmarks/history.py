@@ -27,10 +27,10 @@ Each row runs in a process of its own. Each figure is also given over the first 
 first``): a shop whose idle cost follows its activity, not its history, reads about 1.0 down
 each column.
 
-Separately, once (``--idle-items``, default 1,000; 0 skips it): that many items on sale at once,
-no traffic, and ``seckill serve`` (the API and every worker in one process) on its own
-redis-server and SQLite: its CPU over ``--idle-seconds`` as a share of one core, beside
-redis-server's.
+Separately, for each count of ``--idle-items`` (default 1 and 1,000; 0 skips it): that many
+items on sale at once, no traffic, and ``seckill serve`` (the API and every worker in one
+process) on its own redis-server and SQLite: its CPU over ``--idle-seconds`` as a share of one
+core, beside redis-server's.
 
 Timings depend on what else the machine runs: the load average is printed before each row. No
 figure is asserted. The last line printed is one JSON object with the figures.
@@ -116,8 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--scrapes", type=int, default=20, help="GET /metrics timed")
     parser.add_argument(
-        "--idle-items", type=int, default=1000,
-        help="items on sale at once for the idle `seckill serve` figure (0: skip it)",
+        "--idle-items", default="1,1000",
+        help="counts of items on sale at once for the idle `seckill serve` figures, "
+        "comma-separated (0: skip them)",
     )  # fmt: skip
     parser.add_argument(
         "--idle-seconds", type=float, default=20.0, help="idle `seckill serve` measured this long"
@@ -128,14 +129,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         args.past = [int(n) for n in args.past.split(",")]
+        args.idle_items = [int(n) for n in args.idle_items.split(",") if int(n)]
     except ValueError:
-        parser.error(f"--past must be whole numbers, comma-separated: {args.past}")
+        parser.error(
+            f"--past and --idle-items must be whole numbers, comma-separated: {args.past}, "
+            f"{args.idle_items}"
+        )
     if not args.past or min(args.past) < 0:
         parser.error("--past needs at least one count, none negative")
     for name in ("orders_per_item", "passes", "scrapes"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.idle_items < 0:
+    if any(n < 0 for n in args.idle_items):
         parser.error("--idle-items must not be negative")
     return args
 
@@ -391,12 +396,12 @@ def measure_row(args: argparse.Namespace, past: int) -> dict[str, Any]:
 # -- idle serve ----------------------------------------------------------------------------------
 
 
-def measure_idle_serve(args: argparse.Namespace) -> dict[str, Any]:
+def measure_idle_serve(args: argparse.Namespace, items: int) -> dict[str, Any]:
     with deployment(args) as (workdir, redis, database_url, env):
 
         async def on_sale(stores: Stores) -> int:
             ends_at = datetime.now(UTC) + timedelta(hours=2)
-            for i in range(args.idle_items):
+            for i in range(items):
                 await put_on_sale(stores, ends_at=ends_at, total=100, name=f"on sale {i}")
             return await stores.engine.item_count()
 
@@ -411,7 +416,7 @@ def measure_idle_serve(args: argparse.Namespace) -> dict[str, Any]:
                 time.sleep(args.idle_seconds)
             wall = time.perf_counter() - wall
     return {
-        "items_on_sale": args.idle_items,
+        "items_on_sale": items,
         "registry": registry,
         "seconds": round(wall, 1),
         "serve_cpu_pct": round(100 * spent["serve"] / wall, 1),
@@ -477,13 +482,14 @@ def main(argv: list[str] | None = None) -> None:
             f"{_ratio(r['reaper_commands']):>8}  {_ratio(r['persister_cpu_pct']):>9}  "
             f"{_ratio(r['scrape_ms']):>6}  {_ratio(r['redis_mb']):>5}"
         )
-    idle = None
-    if args.idle_items:
-        idle = measure_idle_serve(args)
+    idle = []
+    for items in args.idle_items:
+        found = measure_idle_serve(args, items)
+        idle.append(found)
         print(
-            f"\nidle `seckill serve`, {idle['items_on_sale']} items on sale, no traffic, "
-            f"{idle['seconds']} s: {idle['serve_cpu_pct']}% of a core "
-            f"(redis-server {idle['redis_cpu_pct']}%)"
+            f"\nidle `seckill serve`, {found['items_on_sale']} items on sale, no traffic, "
+            f"{found['seconds']} s: {found['serve_cpu_pct']}% of a core "
+            f"(redis-server {found['redis_cpu_pct']}%)"
         )
     result = {
         "past": {
