@@ -10,7 +10,7 @@ import pytest
 
 from seckill.engine.keys import DEFAULT_PREFIX, items_registry
 from tests.api.conftest import Api
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7")
 

@@ -25,7 +25,7 @@ from seckill.store.ledger import Ledger
 from seckill.store.tables import Item
 from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import SERVER_BACKENDS, RedisTarget, redis_settings
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 single_redis = pytest.mark.redis_variants("redis7")
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)

@@ -16,7 +16,7 @@ from seckill.domain.events import ReleaseReason
 from seckill.domain.holds import HoldState
 from seckill.services.reconcile.records import compare_records
 from tests.api.conftest import Api
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = [
     pytest.mark.redis_variants("redis7"),

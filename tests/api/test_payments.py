@@ -12,7 +12,7 @@ from seckill.domain.holds import HoldState
 from seckill.domain.money import Money
 from seckill.engine.keys import DEFAULT_PREFIX, item_keys
 from tests.api.conftest import Api
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7")
 

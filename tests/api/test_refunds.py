@@ -15,7 +15,7 @@ from seckill.services.reconcile.reconciler import Reconciler
 from seckill.workers.reconciler import ReconcilerWorker
 from tests.api.conftest import Api
 from tests.api.test_metrics import scrape, value
-from tests.seckill_cli import seckill
+from tests.support.seckill_cli import seckill
 
 pytestmark = pytest.mark.redis_variants("redis7")
 

@@ -20,7 +20,7 @@ from seckill.security.tokens import Role, TokenCodec
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Answer, Api, api_settings, running_api
 from tests.conftest import RedisTarget, redis_settings
-from tests.unit.key_sets import Served, SetKey, document, key_server, set_key
+from tests.support.key_sets import Served, SetKey, document, key_server, set_key
 
 pytestmark = [
     pytest.mark.redis_variants("redis7"),

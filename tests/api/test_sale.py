@@ -13,7 +13,7 @@ import pytest
 from seckill.engine.audit import audit_item
 from seckill.services.reconcile.records import compare_records
 from tests.api.conftest import Answer, Api
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 # One Redis (the engine suites cover both versions) with every SQL backend; the cluster with one
 # (the SQL side does not change with the Redis behind it, and each sale waits out its holds).

@@ -18,7 +18,7 @@ from seckill.security.passes import PASS_HEADER, PassCodec, QueuePass
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Answer, Api, waiting_room_api
 from tests.conftest import RedisTarget
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = [
     pytest.mark.redis_variants("redis7", "cluster"),

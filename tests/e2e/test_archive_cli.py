@@ -11,7 +11,7 @@ from seckill.engine.engine import RedisEngine
 from seckill.store.ledger import Ledger
 from tests.conftest import RedisTarget, redis_settings
 from tests.integration.test_archive import keys_of, new_sale, settled_sale
-from tests.seckill_cli import seckill
+from tests.support.seckill_cli import seckill
 
 
 async def test_item_list_and_archive(

@@ -27,9 +27,9 @@ from seckill.domain.masking import mask_url
 from seckill.redis_server import RedisServer
 from seckill.security.jwks import FETCH_TIMEOUT_SECONDS, JwksSource
 from seckill.store.database import open_database
-from tests.brokers import free_port
 from tests.conftest import SERVER_URLS, RedisTarget, redis7_binary
-from tests.unit.key_sets import document, set_key
+from tests.support.brokers import free_port
+from tests.support.key_sets import document, set_key
 
 # Everything the production profile asks for, each given; the stores are never reached (port 1).
 PRODUCTION = {

@@ -12,9 +12,9 @@ import pytest
 
 from seckill.store.database import open_database
 from seckill.store.migrate import upgrade
-from tests.brokers import free_port
 from tests.conftest import RedisTarget, redis_settings
-from tests.seckill_cli import seckill
+from tests.support.brokers import free_port
+from tests.support.seckill_cli import seckill
 
 pytestmark = [
     pytest.mark.redis_variants("redis7"),

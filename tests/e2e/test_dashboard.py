@@ -19,7 +19,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from seckill.bootstrap.workers import WorkerKind, build_worker
 from seckill.security.tokens import Role
 from tests.api.conftest import Api, served  # noqa: F401  (the fixture)
-from tests.chromium import CHROMIUM_ARGS, chromium_path
+from tests.support.chromium import CHROMIUM_ARGS, chromium_path
 
 # One Redis and one SQL backend: the page does not differ between them.
 pytestmark = [

@@ -19,7 +19,7 @@ from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Item
 from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import RedisTarget, new_item, open_item, redis_settings
-from tests.seckill_cli import seckill
+from tests.support.seckill_cli import seckill
 
 
 async def restore_item(ledger: Ledger, item_id: int, item: NewItem) -> None:

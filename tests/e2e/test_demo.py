@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from seckill.demo import serving
-from tests.report_page import body_rows, cells, numbers, parse, texts
+from tests.support.report_page import body_rows, cells, numbers, parse, texts
 
 VERDICTS = (
     "not oversold",

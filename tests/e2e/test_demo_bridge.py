@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.brokers import BROKER_URLS, TESTED_BROKERS
 from tests.e2e.test_demo import VERDICTS, reports, run
+from tests.support.brokers import BROKER_URLS, TESTED_BROKERS
 
 
 @pytest.mark.parametrize("broker", TESTED_BROKERS)

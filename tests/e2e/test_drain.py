@@ -23,7 +23,7 @@ from seckill.crowd.client import ApiClient
 from seckill.engine.engine import RedisEngine
 from seckill.redis_server import RedisServer
 from seckill.security.tickets import TICKET_HEADER
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7")
 

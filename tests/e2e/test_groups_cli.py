@@ -13,7 +13,7 @@ from seckill.engine.group_reader import GroupReader, ReadConfig
 from seckill.engine.streams import GROUP
 from seckill.store.ledger import Ledger
 from tests.conftest import RedisTarget, open_item, redis_settings
-from tests.seckill_cli import seckill
+from tests.support.seckill_cli import seckill
 
 
 @pytest.mark.redis_variants("redis7")

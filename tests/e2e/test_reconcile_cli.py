@@ -14,8 +14,8 @@ from seckill.engine.engine import RedisEngine
 from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from tests.conftest import RedisTarget, flush, new_item, pay, redis_settings
-from tests.integration.test_pipeline import Sale, drain
-from tests.seckill_cli import seckill
+from tests.support.sales import Sale, drain
+from tests.support.seckill_cli import seckill
 
 
 @pytest.mark.redis_variants("redis7", "cluster")

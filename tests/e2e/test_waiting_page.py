@@ -26,9 +26,9 @@ from seckill.domain.queue import QueueState
 from seckill.security.passes import PASS_HEADER
 from seckill.store.ledger import Ledger
 from tests.api.conftest import Api, waiting_room_api
-from tests.chromium import CHROMIUM_ARGS, chromium_path
 from tests.conftest import RedisTarget
-from tests.polling import wait_until
+from tests.support.chromium import CHROMIUM_ARGS, chromium_path
+from tests.support.polling import wait_until
 
 # One Redis and one SQL backend: the page does not differ between them.
 pytestmark = [

@@ -1,4 +1,4 @@
-"""Fixtures of the integration suites that talk to a broker (see ``tests.brokers``)."""
+"""Fixtures of the integration suites that talk to a broker (see ``tests.support.brokers``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from seckill.sinks import Sink
 from seckill.sinks.base import redact_url
-from tests.brokers import BROKER_URLS, BROKERS, TESTED_BROKERS, Broker
+from tests.support.brokers import BROKER_URLS, BROKERS, TESTED_BROKERS, Broker
 
 
 @pytest.fixture(params=TESTED_BROKERS)

@@ -639,7 +639,7 @@ async def test_kill_9_mid_archiving_leaves_each_item_live_or_archived(
         if not live:
             break
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.archive_process", redis_server.url, sql_url,
+            sys.executable, "-m", "tests.support.archive_process", redis_server.url, sql_url,
             *map(str, live), stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert child.stdout is not None

@@ -40,9 +40,9 @@ from seckill.store.ledger import Ledger
 from seckill.workers.bridge import Bridge, BridgeConfig
 from seckill.workers.loop import run_until_stopped
 from seckill.workers.persister import Persister, PersisterConfig
-from tests.brokers import BROKERS, Broker, Delivery, Nats, free_port, sink_of
 from tests.conftest import RedisTarget, flush, new_item, open_item, pay
-from tests.polling import wait_until
+from tests.support.brokers import BROKERS, Broker, Delivery, Nats, free_port, sink_of
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis7", "cluster")
 
@@ -199,7 +199,7 @@ async def test_a_bridge_killed_mid_publish_loses_nothing(
     events = count(expected)
     await land(engine, ledger, item_id)
     topology = json.dumps(broker.names())
-    argv = [sys.executable, "-m", "tests.bridge_process", redis_server.url, sql_url,
+    argv = [sys.executable, "-m", "tests.support.bridge_process", redis_server.url, sql_url,
             broker.url(), topology]  # fmt: skip
     rng = random.Random(5)
     killed_mid_sale = 0

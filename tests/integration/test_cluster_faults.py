@@ -36,7 +36,7 @@ from seckill.store.ledger import Ledger
 from seckill.workers.reaper import Reaper
 from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import ManualClock, open_item, redis7_binary, redis_settings
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 sqlite_only = pytest.mark.parametrize("sql_url", ["sqlite"], indirect=True)
 

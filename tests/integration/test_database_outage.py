@@ -34,8 +34,8 @@ from seckill.store.ledger import Ledger
 from seckill.workers.loop import run_until_stopped
 from seckill.workers.persister import Persister, PersisterConfig
 from tests.conftest import SERVER_BACKENDS, new_item, pay
-from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
-from tests.polling import wait_until
+from tests.support.polling import wait_until
+from tests.support.sales import Sale, assert_sql_matches_redis
 
 T = TypeVar("T")
 

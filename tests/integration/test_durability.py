@@ -7,7 +7,6 @@ the session's server, so it runs on Redis 6.2 and 7 like the rest of the suite.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +25,8 @@ from seckill.redis_server import RedisServer
 from seckill.store.ledger import Ledger
 from tests.api.conftest import api_settings, running_api
 from tests.conftest import open_item
-from tests.polling import wait_until
+from tests.support.polling import wait_until
+from tests.support.redis_servers import free_port
 
 # WAIT returns at the first acknowledgement, so calls that must succeed get a long timeout (a
 # busy machine never fails them), and calls that must time out (no replica) a short one.
@@ -35,15 +35,6 @@ QUICK = Durability(replicas=1, timeout_ms=50)
 IDEMPOTENCY_TTL_MS = 3_600_000
 
 ids = OrderIds(7)
-
-
-def free_port() -> int:
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port != 6379:  # never the machine's own Redis
-            return port
 
 
 async def start_server(binary: Path) -> tuple[RedisServer, Redis]:

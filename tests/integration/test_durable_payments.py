@@ -36,11 +36,10 @@ from tests.api.conftest import Api, api_settings, running_api
 from tests.conftest import new_item, redis7_binary, redis_settings
 from tests.integration.test_cluster_faults import assert_consistent, drained, owner_port
 from tests.integration.test_cluster_faults import cluster as cluster  # the fixture
-from tests.integration.test_fence import rewrite_aof
 from tests.integration.test_lagging_replica import replica_of
-from tests.integration.test_pipeline import FAST, Sale, drain
-from tests.integration.test_recovery import connected, copy_aof, restore_aof
-from tests.polling import wait_until
+from tests.support.polling import wait_until
+from tests.support.redis_servers import connected, copy_aof, restore_aof, rewrite_aof
+from tests.support.sales import FAST, Sale, drain
 
 ORDERS = 24
 ids = OrderIds(654)

@@ -34,9 +34,8 @@ from seckill.store.ledger import Ledger
 from seckill.workers.persister import Persister, PersisterConfig
 from seckill.workers.reconciler import ReconcilerWorker
 from tests.conftest import new_item, pay, redis7_binary
-from tests.integration.test_pipeline import Sale, drain
-from tests.integration.test_recovery import connected, copy_aof, restore_aof
-from tests.polling import wait_until
+from tests.support.redis_servers import connected, copy_aof, restore_aof, rewrite_aof
+from tests.support.sales import Sale, drain
 
 ids = OrderIds(321)
 
@@ -50,21 +49,6 @@ async def reserve(engine: RedisEngine, item_id: int, buyer: str, key: str = "k")
         item_id, buyer=buyer, quantity=1, idempotency_key=key, order_id=ids.next()
     )
     return answer.outcome
-
-
-async def rewrite_aof(redis: Redis) -> None:
-    """BGREWRITEAOF, waited for: the rewritten AOF holds every write so far, written and
-    fsynced (what everysec would have flushed within a second; no write follows it)."""
-    done = int((await redis.info("persistence"))["aof_rewrites"])
-    await redis.execute_command("BGREWRITEAOF")
-
-    async def rewritten() -> bool:
-        info = await redis.info("persistence")
-        return int(info["aof_rewrites"]) > done and not (
-            int(info["aof_rewrite_in_progress"]) or int(info["aof_rewrite_scheduled"])
-        )
-
-    await wait_until(rewritten, 30, "the AOF rewritten")
 
 
 async def assert_sound(engine: RedisEngine, ledger: Ledger, item_id: int) -> None:

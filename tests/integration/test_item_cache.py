@@ -38,7 +38,7 @@ from seckill.store.database import open_database
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Item
 from tests.conftest import new_item
-from tests.seckill_cli import seckill
+from tests.support.seckill_cli import seckill
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 

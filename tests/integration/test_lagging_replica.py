@@ -32,7 +32,7 @@ from tests.integration.test_cluster_faults import (
     sale,
 )
 from tests.integration.test_cluster_faults import cluster as cluster  # the fixture
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 BUYERS = 120  # per item
 

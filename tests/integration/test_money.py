@@ -18,8 +18,8 @@ from seckill.services.reconcile.reconciler import Reconciler
 from seckill.services.reconcile.records import audit_records
 from seckill.store.tables import Order, Refund
 from tests.conftest import pay
-from tests.integration.test_pipeline import Sale, drain
-from tests.integration.test_pipeline import sale as sale  # the fixture: an item on sale
+from tests.support.sales import Sale, drain
+from tests.support.sales import sale as sale  # the fixture: an item on sale
 
 PRICE = Money(999, "USD")  # tests.conftest.new_item's, for one unit
 

@@ -35,8 +35,8 @@ from seckill.services.items import warm_item
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order, StockFlow
 from tests.conftest import new_item, pay
-from tests.integration.test_pipeline import Sale, assert_sql_matches_redis
-from tests.polling import wait_until
+from tests.support.polling import wait_until
+from tests.support.sales import Sale, assert_sql_matches_redis
 
 PERSISTER = [
     sys.executable, "-m", "seckill.cli", "worker", "persister",

@@ -18,7 +18,7 @@ from seckill.engine.pipelining import Pipeliner, PipelinerClosed
 from seckill.engine.scripts import ScriptName, Scripts
 from seckill.redis_server import RedisServer
 from tests.conftest import open_item
-from tests.integration.test_durability import free_port
+from tests.support.redis_servers import free_port
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from seckill.store.ledger import Ledger
 from seckill.store.tables import Inventory, Order
 from seckill.workers.reconciler import ReconcilerWorker
 from tests.conftest import new_item, pay
-from tests.integration.test_pipeline import Sale, assert_sql_matches_redis, drain
-from tests.integration.test_pipeline import sale as sale  # the fixture: an item on sale
+from tests.support.sales import Sale, assert_sql_matches_redis, drain
+from tests.support.sales import sale as sale  # the fixture: an item on sale
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 

@@ -6,21 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from redis.asyncio import BlockingConnectionPool, Redis
 from sqlalchemy import func, select
 
 from seckill.domain.events import ReleaseReason
 from seckill.domain.ids import OrderIds
 from seckill.domain.outcomes import Outcome
-from seckill.engine.engine import RedisEngine
-from seckill.engine.keys import DEFAULT_PREFIX
-from seckill.engine.scripts import Scripts
 from seckill.redis_server import RedisServer
 from seckill.services.items import warm_item
 from seckill.services.reconcile.drift import Drift
@@ -28,26 +21,11 @@ from seckill.services.reconcile.reconciler import Reconciler
 from seckill.store.ledger import Ledger
 from seckill.store.tables import Order
 from tests.conftest import new_item, pay, redis7_binary
-from tests.integration.test_pipeline import Sale, drain
 from tests.integration.test_reconcile import assert_invariants
+from tests.support.redis_servers import connected, copy_aof, restore_aof
+from tests.support.sales import Sale, drain
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
-
-AOF_FILES = ("appendonlydir", "appendonly.aof")  # Redis 7 keeps a directory, 6.2 one file
-
-
-@asynccontextmanager
-async def connected(server: RedisServer) -> AsyncIterator[tuple[Redis, RedisEngine]]:
-    client = Redis.from_pool(BlockingConnectionPool.from_url(server.url, decode_responses=True))
-    try:
-        yield (
-            client,
-            RedisEngine(
-                client, scripts=Scripts(client), idempotency_ttl_ms=3_600_000, prefix=DEFAULT_PREFIX
-            ),
-        )
-    finally:
-        await client.aclose()
 
 
 async def trade(sale: Sale, rng: random.Random, buyers: range, open_holds: list[int]) -> None:
@@ -63,25 +41,6 @@ async def trade(sale: Sale, rng: random.Random, buyers: range, open_holds: list[
             await pay(sale.engine, sale.item_id, order_id)
         else:
             await sale.engine.release(sale.item_id, order_id, ReleaseReason.CANCELLED)
-
-
-def copy_aof(source: Path, target: Path) -> None:
-    target.mkdir()
-    for name in AOF_FILES:
-        if (source / name).is_dir():
-            shutil.copytree(source / name, target / name)
-        elif (source / name).exists():
-            shutil.copy2(source / name, target / name)
-
-
-def restore_aof(backup: Path, data_dir: Path) -> None:
-    for name in AOF_FILES:
-        shutil.rmtree(data_dir / name, ignore_errors=True)
-        (data_dir / name).unlink(missing_ok=True) if (data_dir / name).is_file() else None
-    copy_aof(backup, data_dir / "restored")
-    for entry in (data_dir / "restored").iterdir():
-        entry.rename(data_dir / entry.name)
-    (data_dir / "restored").rmdir()
 
 
 async def test_redis_back_from_an_older_aof_is_found_recovered_and_sells_on(

@@ -23,8 +23,8 @@ from seckill.engine.worker_ids import NoFreeWorkerId, WorkerIdLease
 from seckill.redis_server import RedisServer, RedisServerError, bundled_redis_server, server_version
 from seckill.store.database import open_database
 from seckill.store.migrate import upgrade
-from tests.brokers import free_port
 from tests.conftest import RedisTarget, client_of, open_item, redis_settings
+from tests.support.brokers import free_port
 
 on_a_cluster_too = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 

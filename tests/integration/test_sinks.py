@@ -32,7 +32,7 @@ from seckill.sinks import (
 )
 from seckill.sinks.nats import NatsSink
 from seckill.sinks.rabbitmq import RabbitMQSink
-from tests.brokers import FAST, Broker, elsewhere, free_port, sink_of
+from tests.support.brokers import FAST, Broker, elsewhere, free_port, sink_of
 
 # -- the messages ---------------------------------------------------------------------------------
 

@@ -48,7 +48,7 @@ from seckill.redis_server import RedisServer
 from seckill.store.database import open_database
 from seckill.store.migrate import upgrade
 from tests.conftest import open_item, redis7_binary
-from tests.integration.test_durability import free_port
+from tests.support.redis_servers import free_port
 
 # -- certificates -----------------------------------------------------------------------------
 

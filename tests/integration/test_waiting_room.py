@@ -28,7 +28,7 @@ from seckill.engine.queues import DRAW_BELOW, Joined, Queues
 from seckill.workers.inlet import Inlet
 from seckill.workers.loop import run_until_stopped
 from tests.conftest import ManualClock, RedisTarget, open_item, pay
-from tests.polling import wait_until
+from tests.support.polling import wait_until
 
 pytestmark = pytest.mark.redis_variants("redis6.2", "redis7", "cluster")
 

@@ -15,7 +15,7 @@ from starlette.routing import Match
 from seckill.api import buyers
 from seckill.api.app import SeckillApi, create_app
 from seckill.api.lean_schema import with_lean_routes
-from tests.unit.isolated_settings import isolated_settings
+from tests.support.isolated_settings import isolated_settings
 
 PARAMETER = re.compile(r"{\w+}")
 

@@ -18,8 +18,8 @@ import pytest
 
 from seckill.crowd.report import render_html, write_reports
 from seckill.crowd.result import SCHEMA, CrowdResult, VerdictOut, WaitingRoomOut
-from tests.chromium import CHROMIUM_ARGS, chromium_path
-from tests.report_page import body_rows, cells, numbers, parse, texts
+from tests.support.chromium import CHROMIUM_ARGS, chromium_path
+from tests.support.report_page import body_rows, cells, numbers, parse, texts
 
 EVIL_DETAIL = 'sold 101 of 100 units </script><b>not bold</b> & "quoted" <!-- <script>'
 VENDOR = files("seckill") / "static" / "vendor"

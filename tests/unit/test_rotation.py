@@ -21,8 +21,8 @@ from seckill.security.passes import BadPass, PassCodec, QueuePass
 from seckill.security.signatures import BadSignature, sign, verify_signature
 from seckill.security.tickets import BadTicket, TicketCodec
 from seckill.security.tokens import InvalidToken, Role, TokenCodec
-from tests.unit.isolated_settings import isolated_settings
-from tests.unit.key_sets import (
+from tests.support.isolated_settings import isolated_settings
+from tests.support.key_sets import (
     Served,
     SetKey,
     document,

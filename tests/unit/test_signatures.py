@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from seckill.bootstrap.keys import payment_secret
 from seckill.security.signatures import SIGNATURE_HEADER, BadSignature, sign, verify_signature
-from tests.unit.isolated_settings import isolated_settings
+from tests.support.isolated_settings import isolated_settings
 
 NOW = 1_700_000_000
 

@@ -22,8 +22,8 @@ from seckill.bootstrap.keys import token_codec
 from seckill.security import tokens
 from seckill.security.jwks import Algorithm, PinnedKey, parse_key_set
 from seckill.security.tokens import LEEWAY_SECONDS, Identity, InvalidToken, Role, TokenCodec
-from tests.unit.isolated_settings import isolated_settings
-from tests.unit.key_sets import SetKey, document, set_key, write_document
+from tests.support.isolated_settings import isolated_settings
+from tests.support.key_sets import SetKey, document, set_key, write_document
 
 NOW = 1_700_000_000
 SECRET = "s" * 32

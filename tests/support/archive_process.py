@@ -1,6 +1,6 @@
-"""Archiving in a process of its own, for tests that kill it: ``python -m tests.archive_process
-REDIS_URL DATABASE_URL ITEM_ID...`` archives each item (its grace waived), printing "ready" first
-and "done" at the end."""
+"""Archiving in a process of its own, for tests that kill it: ``python -m
+tests.support.archive_process REDIS_URL DATABASE_URL ITEM_ID...`` archives each item (its grace
+waived), printing "ready" first and "done" at the end."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""A bridge in a process of its own, for tests that kill it: ``python -m tests.bridge_process
-REDIS_URL DATABASE_URL BROKER_URL TOPOLOGY_JSON`` forwards every item stream of that Redis that
-the database has landed to the broker (on the test's own exchange and queue, or stream and
-subjects) until SIGTERM or SIGKILL."""
+"""A bridge in a process of its own, for tests that kill it: ``python -m
+tests.support.bridge_process REDIS_URL DATABASE_URL BROKER_URL TOPOLOGY_JSON`` forwards every
+item stream of that Redis that the database has landed to the broker (on the test's own
+exchange and queue, or stream and subjects) until SIGTERM or SIGKILL."""
 
 from __future__ import annotations
 
