@@ -25,8 +25,8 @@ NOT_SETTINGS = {
     # The servers the SQL and broker suites also run on (each suite skips without its URL).
     "SECKILL_TEST_POSTGRES_URL": "tests/conftest.py",
     "SECKILL_TEST_MARIADB_URL": "tests/conftest.py",
-    "SECKILL_TEST_AMQP_URL": "tests/brokers.py",
-    "SECKILL_TEST_NATS_URL": "tests/brokers.py",
+    "SECKILL_TEST_AMQP_URL": "tests/support/brokers.py",
+    "SECKILL_TEST_NATS_URL": "tests/support/brokers.py",
     # `seckill demo` and `seckill bench`'s --admin-token, from the environment (typer's envvar).
     "SECKILL_ADMIN_TOKEN": "src/seckill/cli/rehearsals.py",
     # The example clients' token and API address (docs/api.md runs them).
