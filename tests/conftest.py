@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from redis.asyncio.cluster import RedisCluster
 
 from seckill.domain.holds import PaymentSettlement
@@ -48,6 +49,11 @@ def redis7_binary() -> str:
         pytest.fail(f"{binary} is {server_version(binary)}; the suite needs a Redis 7 as well")
     return binary
 
+
+# No timed assertion in the suite: Hypothesis's 200 ms per example is one (a loaded CI machine
+# failed a property on it, not on its verdict).
+settings.register_profile("seckill", deadline=None)
+settings.load_profile("seckill")
 
 REDIS_VARIANTS = ("redis6.2", "redis7")
 CLUSTER_VARIANT = "cluster"
