@@ -50,7 +50,6 @@ import uvloop
 from uvicorn.supervisors.multiprocess import Multiprocess
 
 from seckill.api.drain import Drain
-from seckill.api.lean_http import LeanHttpProtocol
 from seckill.api.sockets import listening_socket
 from seckill.bootstrap.runtime import open_runtime, settle_heap
 from seckill.bootstrap.workers import WorkerKind, build_worker
@@ -123,6 +122,7 @@ async def run(
 
 def _serving(app: Any, sock: socket.socket, tasks: list[asyncio.Task[None]]) -> QuietServer:
     """uvicorn serving ``app`` on ``sock`` in this loop, its task added to ``tasks``."""
+    from seckill.api.lean_http import LeanHttpProtocol
     from seckill.api.worker_http import QuietServer
 
     config = uvicorn.Config(
@@ -215,6 +215,8 @@ def run_api_processes(settings: Settings, processes: int) -> None:
     """
     _require_shared_redis(settings)
     uvloop.run(_prepare_schema(settings))
+    from seckill.api.lean_http import LeanHttpProtocol  # the API stack: not a worker's
+
     sock = listening_socket(settings.api_host, settings.api_port)
     config = uvicorn.Config(
         "seckill.api.app:app_from_environment",

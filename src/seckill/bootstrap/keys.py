@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from seckill.config import Settings
-from seckill.crowd.client import Credentials
 from seckill.domain.configuration import ENV_PREFIX, ConfigurationError, variable
 from seckill.security.generated import generated_secret
 from seckill.security.jwks import MIN_HMAC_KEY_BYTES, JwksSource
 from seckill.security.key_refresh import JwksRefresher, refreshing
 from seckill.security.signed import MIN_KEY_BYTES
 from seckill.security.tokens import TokenCodec
+
+if TYPE_CHECKING:
+    from seckill.crowd.client import Credentials
 
 _PRIVATE_KEY_FILE = variable("jwt_private_key_file")
 _PUBLIC_KEY_FILE = variable("jwt_public_key_file")
@@ -174,6 +176,8 @@ def crowd_credentials(settings: Settings, *, admin_token: str | None = None) -> 
             f"buyer tokens need the signing key: set {_PRIVATE_KEY_FILE} (with a key set, "
             f"{variable('jwt_signing_kid')} too)"
         )
+    from seckill.crowd.client import Credentials  # aiohttp: only a crowd's process needs it
+
     # A provider signs with one key: the first, as SECKILL_PAYMENT_SECRET orders them.
     signing = payment_secret(settings)[0]
     return Credentials(tokens=tokens, payment_secret=signing, admin_token=admin_token)
