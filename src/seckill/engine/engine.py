@@ -287,7 +287,7 @@ class RedisEngine(EngineReads, EngineRepairs):
         succeeded: bool,
         charged: Money,
         unit_price: Money,
-        landed: bool = False,
+        landed: bool | None = False,
     ) -> PaymentSettlement:
         """Apply a payment provider's notice once per ``payment_id``, which names one payment of
         the item: ``charged`` (what the provider took) for the order, whose sum is ``unit_price``
@@ -297,7 +297,8 @@ class RedisEngine(EngineReads, EngineRepairs):
         a success for an order already released or paid by another payment, or for an order no
         shard holds, answers ``refund_required`` and journals a refund owed of the sum charged;
         but not for one SQL holds (``landed``): Redis lost it, recovery gives it back, and the
-        notice answers ``unknown_order`` meanwhile, recording nothing.
+        notice answers ``unknown_order`` meanwhile, recording nothing; ``landed`` None (SQL not
+        asked yet) answers so too, for the caller to ask SQL only then and call again.
         Failed: held -> released (``payment_failed``); a paid hold stays paid
         (``already_paid``); an unknown order answers ``unknown_order`` and is not recorded. A
         payment id seen before answers what it answered then (``replayed``), or refuses with
@@ -323,7 +324,9 @@ class RedisEngine(EngineReads, EngineRepairs):
             if claim[0] == Outcome.ITEM_RECOVERING:
                 return PaymentSettlement(Outcome.ITEM_RECOVERING)
             shard = int(claim[1])
-        terms = (unit_price.cents, unit_price.currency, "1" if landed else "0")
+        terms = (
+            unit_price.cents, unit_price.currency, {None: "", True: "1", False: "0"}[landed]
+        )  # fmt: skip
         reply = await self._settle(item_id, shard, notice, terms)
         if reply[0] == Outcome.CLAIMED:  # the order left its shard (archived) since the claim
             reply = await self._settle(item_id, int(reply[1]), notice, terms)

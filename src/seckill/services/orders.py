@@ -86,6 +86,9 @@ class OrderBook:
         self._ledger = ledger
         self._landings = Landings(ledger.payments)
         self._landing_timeout_s = landing_timeout_s
+        # Each item's unit price, read from SQL once: an item's price and currency are set when
+        # it is created and never change, so a notice asks SQL nothing while its hold is there.
+        self._prices: dict[int, Money] = {}
 
     async def find(self, item_id: int, order_id: int) -> OrderView | None:
         view, _ = await self._look(item_id, order_id)
@@ -170,16 +173,24 @@ class OrderBook:
         holds what it says (``_landed``): Redis may lose its last writes, SQL is the record, and
         recovery gives back to Redis every payment SQL holds. NotLanded if SQL does not within
         ``landing_timeout_s``."""
-        item = await self._ledger.item(item_id)
-        if item is None:
-            raise OrderNotFound(f"no item {item_id}, so no order {order_id} of it")
+        unit_price = await self._unit_price(item_id)
+
+        async def settle(landed: bool | None) -> PaymentSettlement:
+            return await self._engine.settle_payment(
+                item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged,
+                unit_price=unit_price, landed=landed,
+            )  # fmt: skip
+
         # An order SQL holds is never unknown: if no shard holds it, Redis lost it (a rewind, a
-        # failover) and recovery gives it back, so the charge waits for it.
-        landed = succeeded and await self._landed_here(item_id, order_id)
-        settlement = await self._engine.settle_payment(
-            item_id, order_id, payment_id=payment_id, succeeded=succeeded, charged=charged,
-            unit_price=Money(item.price_cents, item.currency), landed=landed,
-        )  # fmt: skip
+        # failover) and recovery gives it back, so the charge waits for it. SQL is asked only
+        # when no shard holds the order (the script then records nothing until told).
+        settlement = await settle(None)
+        if (
+            settlement.outcome is Outcome.UNKNOWN_ORDER
+            and succeeded
+            and not await self._landed_here(item_id, order_id)
+        ):
+            settlement = await settle(False)
         if settlement.outcome is Outcome.ITEM_RECOVERING:
             raise ItemRecovering(f"item {item_id} is being checked against SQL")
         if settlement.outcome is not Outcome.UNKNOWN_ORDER:
@@ -208,6 +219,15 @@ class OrderBook:
                 f"payment {payment_id} of order {order_id} is not in the database yet "
                 f"(waited {self._landing_timeout_s:g} s): send the notice again"
             )
+
+    async def _unit_price(self, item_id: int) -> Money:
+        price = self._prices.get(item_id)
+        if price is None:
+            item = await self._ledger.item(item_id)
+            if item is None:
+                raise OrderNotFound(f"no item {item_id}, so no order of it")
+            price = self._prices[item_id] = Money(item.price_cents, item.currency)
+        return price
 
     async def _landed_here(self, item_id: int, order_id: int) -> bool:
         landed = await self._ledger.order(order_id)

@@ -17,8 +17,10 @@
 -- ARGV  1 item id  2 order id  3 payment id  4 result (succeeded | failed)
 --       5 amount charged (minor units)  6 its currency  7 now (ms; "" = Redis TIME)
 --       8 the item's unit price (minor units)  9 the item's currency (both from SQL)
---       10 "1" if SQL holds the order under this item (then no shard holding it means Redis
---       lost it, and recovery gives it back: nothing is owed yet), else "0"
+--       10 "0" if SQL does not hold the order under this item; "1" if it does (then no shard
+--       holding it means Redis lost it, and recovery gives it back: nothing is owed yet); ""
+--       not asked yet (a success no shard holds is then unknown_order, recorded nothing: the
+--       caller asks SQL only then, and calls again)
 --
 -- Replies (each but a failure's unknown_order, replay, claimed and item_recovering is recorded
 -- under the payment id, in this script):
@@ -42,9 +44,9 @@
 --   claimed           {claimed, shard}: (the head only) this payment id was claimed for this
 --                     order, result and charge, to be settled on that shard; nothing changed
 --   unknown_order     {unknown_order}: a failure for an order no shard holds, a success for one
---                     SQL holds (ARGV 10: Redis lost it), or any notice for an item this shard
---                     does not hold (archived, or never loaded: SQL settles an archived
---                     item's); nothing changed, nothing recorded
+--                     SQL holds (ARGV 10: Redis lost it) or may hold (""), or any notice for an
+--                     item this shard does not hold (archived, or never loaded: SQL settles an
+--                     archived item's); nothing changed, nothing recorded
 --   item_recovering   {item_recovering}: the shard is fenced (see live_run in _common.lua)
 --                     before the notice found its hold; nothing changed, nothing recorded (a
 --                     notice answered before replays)
@@ -77,7 +79,7 @@ local hold = load_hold(order_id)
 -- An item this shard does not hold (archived, or not put on sale) is not Redis's to settle.
 if not hold and redis.call("EXISTS", K.item) == 0 then return { "unknown_order" } end
 if fenced() then return { "item_recovering" } end
-if not hold and (not succeeded or ARGV[10] == "1") then return { "unknown_order" } end
+if not hold and (not succeeded or ARGV[10] ~= "0") then return { "unknown_order" } end
 
 -- A refund owed of the sum charged for this payment, journaled once (the payment id is recorded
 -- with it). An order nobody holds has no buyer or quantity to name.
