@@ -90,6 +90,7 @@ POSTGRES_URL = os.environ.get(
 )
 NATS_SERVER = shutil.which("nats-server") or "nats-server"
 START_LIMIT_S = 60.0
+CROWD_CONNECTIONS = 800  # at most, to both APIs: about the buyers in flight at the worst
 GIVE_UP_S = 60.0  # a buyer's request still without a final answer by then counts as unanswered
 SETTLE_LIMIT_S = 180.0  # after the faults: for the stock to sell out and SQL to agree
 NODE_TIMEOUT_MS = 1_500  # a master unreachable this long is replaced by its replica
@@ -317,7 +318,8 @@ class Record:
     started_ms: int = field(default_factory=lambda: time.time_ns() // 1_000_000)  # wall clock
     sold: dict[str, Sold] = field(default_factory=dict)
     outcomes: Counter[str] = field(default_factory=Counter)  # (action outcome) of final answers
-    unavailable: list[tuple[float, str]] = field(default_factory=list)  # every 503 and no answer
+    # Every 503 and no answer: when, the outcome, the action, and which API was asked.
+    unavailable: list[tuple[float, str, str, int]] = field(default_factory=list)
     unanswered: list[str] = field(default_factory=list)
     server_errors: list[str] = field(default_factory=list)  # answers 5xx other than 503
     charges: dict[str, Charge] = field(default_factory=dict)  # answered 200, by payment id
@@ -356,7 +358,7 @@ class Buyers:
                 if reply.status >= 500:
                     record.server_errors.append(f"{action} {reply.status} {reply.body}")
                 return reply
-            record.unavailable.append((record.now(), reply.outcome))
+            record.unavailable.append((record.now(), reply.outcome, action, turn % 2))
             if time.monotonic() > give_up:
                 record.unanswered.append(action)
                 return reply
@@ -899,7 +901,12 @@ async def soak(knobs: Knobs, console: Console) -> bool:
 async def sale(deployment: Deployment, knobs: Knobs, rng: random.Random, console: Console) -> bool:
     credentials = crowd_credentials(deployment.settings())
     timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # The crowd is many buyers, each with a connection of its own: the driver's pool must not
+    # queue one buyer's request behind another's (aiohttp's default is 100 connections, which
+    # notices waiting for SQL through a persister kill fill, and the tickets behind them time
+    # out unsent).
+    connector = aiohttp.TCPConnector(limit=CROWD_CONNECTIONS)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         clients = [ApiClient(session, f"http://127.0.0.1:{p}", credentials)
                    for p in deployment.api_ports]  # fmt: skip
         await wait_healthy(clients)
@@ -997,8 +1004,16 @@ def print_faults(console: Console, faults: list[Fault], record: Record, agreed_s
                           for name in sorted(totals))  # fmt: skip
         table.add_row(kind, str(len(seen)), f"{max(waits):.2f} s", shown)
     console.print(table)
-    unavailable = Counter(outcome for _, outcome in record.unavailable)
+    unavailable = Counter(outcome for _, outcome, _, _ in record.unavailable)
     console.print(f"503s and no answers, retried: {dict(unavailable.most_common())}")
+    # When each kind of refusal came, and to what: where a run that fails lost its time.
+    for outcome, _ in unavailable.most_common(3):
+        times = Counter(int(at // 10) * 10 for at, said, _, _ in record.unavailable
+                        if said == outcome)  # fmt: skip
+        calls = Counter(f"{action} api-{api}" for _, said, action, api in record.unavailable
+                        if said == outcome)  # fmt: skip
+        shown = ", ".join(f"{start} s: {n}" for start, n in sorted(times.items()))
+        console.print(f"{outcome} by 10 s: {shown}; by request: {dict(calls.most_common(4))}")
     console.print(f"final answers: {dict(record.outcomes.most_common())}")
     console.print(f"Redis == SQL {agreed_s:.1f} s after the last request")
     stores = [f"{f.kind} {f.at:.1f} s" for f in faults if f.kind in ("master", "rewind", "sql")]
