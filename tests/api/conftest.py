@@ -262,6 +262,11 @@ async def running_api(
                 http=LeanHttpProtocol,  # as `seckill serve` and `seckill api` serve it
                 log_level="warning",
                 access_log=False,
+                # The client shares this loop: a crowd of thousands can hold a request between
+                # taking a pooled connection and writing to it for seconds, and a connection the
+                # server closed meanwhile answers the write with a reset. Kept well past the
+                # client's own 2 s, the server never closes one the client may still take.
+                timeout_keep_alive=60,
             )
         )
         stop = asyncio.Event()
@@ -270,7 +275,7 @@ async def running_api(
             worker, pause = build_worker(kind, runtime, stop, persister=PERSISTER)
             tasks.append(asyncio.create_task(run_until_stopped(worker, stop, idle_pause=pause)))
         # The socket already listens: requests queue until uvicorn has started.
-        # Idle connections are dropped before uvicorn's keep-alive (5 s) closes them under us.
+        # Idle connections are dropped long before the server's keep-alive closes them.
         connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=2)
         timeout = aiohttp.ClientTimeout(total=60)
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
