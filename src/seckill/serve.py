@@ -80,8 +80,6 @@ async def run(
     With the API, SIGTERM drains first (see the module's docstring). Without it (``seckill
     worker ...``), ``settings.metrics_port`` set, the workers' metrics and liveness are served
     on that port (``seckill.api.worker_http``)."""
-    from seckill.api.app import create_app
-
     # Bound first, by us rather than uvicorn, so a taken port fails fast as an exception.
     sock = listening_socket(settings.api_host, settings.api_port) if api else None
     scrape_sock = None
@@ -107,6 +105,8 @@ async def run(
             host, port = scrape_sock.getsockname()[:2]
             log.info("metrics on http://%s:%d/metrics", host, port)
         if sock is not None:
+            from seckill.api.app import create_app  # FastAPI and the routes: not a worker's
+
             app = create_app(settings, runtime=runtime, drain=drain)
             servers.append(_serving(app, sock, tasks))
             host, port = sock.getsockname()[:2]
