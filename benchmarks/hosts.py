@@ -771,7 +771,7 @@ async def sale(site: Site, knobs: Knobs, console: Console) -> bool:
     watching.cancel()
     found.append(await pool.verdict())
     console.print(f"final answers: {dict(record.outcomes.most_common())}")
-    unavailable = Counter(outcome for _, outcome in record.unavailable)
+    unavailable = record.unavailable_outcomes()
     console.print(f"503s and no answers, retried on the other API: {dict(unavailable)}")
     return print_verdicts(console, found)
 

@@ -92,6 +92,8 @@ NATS_SERVER = shutil.which("nats-server") or "nats-server"
 START_LIMIT_S = 60.0
 CROWD_CONNECTIONS = 800  # at most, to both APIs: about the buyers in flight at the worst
 GIVE_UP_S = 60.0  # a buyer's request still without a final answer by then counts as unanswered
+# A provider retries a notice answered 503 for hours (Retry-After): here, through the settling.
+PROVIDER_GIVE_UP_S = 300.0
 SETTLE_LIMIT_S = 180.0  # after the faults: for the stock to sell out and SQL to agree
 NODE_TIMEOUT_MS = 1_500  # a master unreachable this long is replaced by its replica
 AOF_NAMES = ("appendonlydir", "appendonly.aof")  # Redis 7's directory of files; 6.2's one file
@@ -329,6 +331,10 @@ class Record:
     def now(self) -> float:
         return time.monotonic() - self.started
 
+    def unavailable_outcomes(self) -> Counter[str]:
+        """How many 503s and no answers each outcome had, most first."""
+        return Counter(outcome for _, outcome, _, _ in self.unavailable)
+
     def written_at(self, entry_id: str) -> float:
         """When a stream entry was written, by its id's time."""
         return (stream_position(entry_id)[0] - self.started_ms) / 1000
@@ -346,11 +352,14 @@ class Buyers:
         self.rng = rng
         self.paying_only = False
 
-    async def send(self, action: str, call: Callable[[ApiClient], Awaitable[Reply]]) -> Reply:
+    async def send(
+        self, action: str, call: Callable[[ApiClient], Awaitable[Reply]], *,
+        patience_s: float = GIVE_UP_S,
+    ) -> Reply:  # fmt: skip
         """``call`` until it has an answer that is not 503 (the same request each time, on the
-        other API after no answer), for at most ``GIVE_UP_S``."""
+        other API after no answer), for at most ``patience_s``."""
         record, turn = self.record, self.rng.randrange(2)
-        give_up = time.monotonic() + GIVE_UP_S
+        give_up = time.monotonic() + patience_s
         while True:
             reply = await call(self.clients[turn % 2])
             if reply.status not in (0, 503):
@@ -401,6 +410,7 @@ class Buyers:
                 lambda c: c.notify_payment(
                     item, sold.order_id, payment_id=payment_id, succeeded=True, amount=PRICE
                 ),
+                patience_s=PROVIDER_GIVE_UP_S,
             )
             if paid.status == 200:
                 refund = paid.body["outcome"] == OrderStatus.REFUND_REQUIRED
@@ -808,7 +818,9 @@ async def verdicts(
         Verdict("Redis == SQL, the audit passes", not failed_checks,
                 "; ".join(failed_checks[:4]) or f"{len(checks)} checks pass"),
         Verdict("every request answered", not record.unanswered,
-                f"{len(record.unanswered)} gave up after {GIVE_UP_S:.0f} s of 503s"),
+                f"{len(record.unanswered)} gave up after 503s ({GIVE_UP_S:.0f} s for a buyer, "
+                f"{PROVIDER_GIVE_UP_S:.0f} s for the provider)"
+                + "".join(f"; {action}" for action in sorted(set(record.unanswered)))),
         Verdict("no server error", not record.server_errors,
                 f"{len(record.server_errors)} answers 5xx other than 503"
                 + "".join(f"; {error[:150]}" for error in record.server_errors[:2])),
@@ -1004,7 +1016,7 @@ def print_faults(console: Console, faults: list[Fault], record: Record, agreed_s
                           for name in sorted(totals))  # fmt: skip
         table.add_row(kind, str(len(seen)), f"{max(waits):.2f} s", shown)
     console.print(table)
-    unavailable = Counter(outcome for _, outcome, _, _ in record.unavailable)
+    unavailable = record.unavailable_outcomes()
     console.print(f"503s and no answers, retried: {dict(unavailable.most_common())}")
     # When each kind of refusal came, and to what: where a run that fails lost its time.
     for outcome, _ in unavailable.most_common(3):
