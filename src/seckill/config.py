@@ -366,7 +366,7 @@ class Settings(BaseSettings):
         False, description="Whether the reconciler worker repairs what it finds, or only reports."
     )
     fence_check_seconds: float = Field(
-        0.25,
+        0.5,
         gt=0,
         description="How often the reconciler worker looks for stock shards fenced after their "
         "Redis restarted or lost writes, to check them against SQL (and rebuild what was "

@@ -66,7 +66,7 @@ NOT_MEASURED = {
     ("docs/operations/keys.md", "1 MB"): "the most of a key set the fetch reads",
     ("docs/operations/bridge.md", "10 ms"): "the bridge's first pause when nothing landed",
     ("docs/operations/bridge.md", "0.2 s"): "the bridge's first pause when the broker is down",
-    ("docs/operations/redis-cluster.md", "0.25 s"): "SECKILL_FENCE_CHECK_SECONDS's default",
+    ("docs/operations/redis-cluster.md", "0.25 s"): "how often the cluster client reads the slots",
     ("docs/operations/redis-cluster.md", "0.05 s"): "the fence check the failover test sets",
 }
 

