@@ -39,7 +39,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from seckill.engine.cluster import REDIS_UNAVAILABLE, time_ms
-from seckill.engine.due import changed_streams, look, node_name
+from seckill.engine.due import changed_streams, look, node_names
 from seckill.engine.engine import TRANSIT_GRACE_MS, RedisEngine
 from seckill.engine.keys import ItemKeys
 from seckill.observability import metrics
@@ -77,10 +77,11 @@ class Reaper:
         engine = self._engine
         by_node: dict[str, list[ItemKeys]] = defaultdict(list)
         sharded: set[str] = set()  # the streams of sharded items' shards
+        node_of = node_names(engine.redis)
         for item_id in await engine.item_ids():
             shards = await engine.shard_keys(item_id)
             for keys in shards:
-                by_node[node_name(engine.redis, keys.item)].append(keys)
+                by_node[node_of(keys.item)].append(keys)
             if len(shards) > 1:
                 sharded.update(keys.events for keys in shards)
         followed = {keys.events for shards in by_node.values() for keys in shards}
