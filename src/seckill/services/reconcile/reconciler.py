@@ -68,8 +68,10 @@ from seckill.store.records import ItemBook, RepairRecord
 log = logging.getLogger(__name__)
 
 _Journal = Callable[[Drift, str, str, str], Awaitable[None]]
-# Items compared together: their snapshots sent at once, their books in one SQL snapshot.
-COMPARED_AT_ONCE = 100
+# Items compared together: their snapshots sent at once, their books in one SQL snapshot. A
+# batch's fixed cost (the snapshot, a statement per table, the pipelines) was a third of a pass
+# over 1,000 idle items at 100 a batch (0.40 s of CPU a pass; 0.27 s at 500).
+COMPARED_AT_ONCE = 500
 # A grace for overdue holds that never ends: for the checks to which an overdue hold is the
 # reaper's business, not a disagreement (the audit, archiving).
 NEVER_OVERDUE_MS = 2**62
