@@ -126,6 +126,10 @@ class EngineBase:
         """How many stock shards the item has (1 for an item not loaded)."""
         return await self._shard_counts.of(item_id)
 
+    def shard_count_known(self, item_id: int) -> bool:
+        """Whether the item's shard count was read (it is loaded): it will not change."""
+        return self._shard_counts.known(item_id) is not None
+
     async def shard_keys(self, item_id: int) -> list[ItemKeys]:
         """The keys of every shard of the item, shard 0 first."""
         return [self.keys(item_id, s) for s in range(await self.shard_count(item_id))]

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, cast
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
+from redis.typing import KeyT, StreamIdT
 
 from seckill.engine.cluster import RedisClient
-from seckill.engine.keys import ItemKeys
+from seckill.engine.keys import ItemKeys, encoded
 
 NO_ENTRY = "0-0"  # the id before every stream entry: a stream never written, or trimmed empty
 
@@ -98,14 +98,10 @@ async def changed_streams(redis: RedisClient, since: Mapping[str, str]) -> set[s
             for stream, after in since.items():
                 pipe.xread({stream: after}, count=1)
             replies = await pipe.execute()
-    else:  # bytes: a thousand streams' names and ids are packed in half the time as str
-        replies = [await redis.xread({_bytes(s): _bytes(a) for s, a in since.items()}, count=1)]
+    else:
+        streams: dict[KeyT, StreamIdT] = {encoded(s): after.encode() for s, after in since.items()}
+        replies = [await redis.xread(streams, count=1)]
     return {stream for reply in replies for stream in _stream_names(reply)}
-
-
-@lru_cache(maxsize=65_536)
-def _bytes(text: str) -> bytes:
-    return text.encode()
 
 
 def _stream_names(reply: Any) -> list[str]:

@@ -46,7 +46,7 @@ from seckill.domain.events import stream_position
 from seckill.engine.base import ShardCounts, registered_items
 from seckill.engine.cluster import RedisClient
 from seckill.engine.group_registry import create_group
-from seckill.engine.keys import ItemKeys, item_keys, stream_groups_registry
+from seckill.engine.keys import ItemKeys, encoded, item_keys, stream_groups_registry
 from seckill.engine.trimming import trim_streams
 
 DISCOVER_EVERY_S = 1.0  # a newly warmed item's stream is followed within this time
@@ -184,7 +184,7 @@ class GroupReader:
             await self._redis.xreadgroup(
                 self.group,
                 self.consumer,
-                dict.fromkeys(self.streams, ">"),
+                {encoded(stream): ">" for stream in self.streams},
                 count=self.config.batch_size,
                 block=self.config.block_ms if block else None,
             ),

@@ -72,6 +72,14 @@ def item_keys(item_id: int, prefix: str, shard: int = 0) -> ItemKeys:
     )
 
 
+@lru_cache(maxsize=65_536)
+def encoded(key: str) -> bytes:
+    """A key as sent. redis-py packs bytes in about two thirds the time of str, which counts in
+    the commands that name every stream each pass (the reaper's XREAD, a consumer's XREADGROUP:
+    2,000 arguments with 1,000 items on sale)."""
+    return key.encode()
+
+
 def item_pattern(item_id: int, prefix: str, shard: int = 0) -> str:
     """A SCAN pattern matching every key of one item's shard (shard 0: the item's own)."""
     return item_keys(item_id, prefix, shard).item + "*"

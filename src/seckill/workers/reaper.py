@@ -38,6 +38,8 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from redis.asyncio.cluster import RedisCluster
+
 from seckill.engine.cluster import REDIS_UNAVAILABLE, time_ms
 from seckill.engine.due import changed_streams, look, node_names
 from seckill.engine.engine import TRANSIT_GRACE_MS, RedisEngine
@@ -69,23 +71,14 @@ class Reaper:
         self._batch = batch
         self._revisit_ms = int(revisit_s * 1000)
         self._seen: dict[str, _Seen] = {}  # by the shard's stream
+        # The registry as last read, and its shards by node and sharded streams (on one Redis).
+        self._layout: tuple[list[int], dict[str, list[ItemKeys]], set[str]] | None = None
         self.released = 0
         self.looked = 0  # shard looks made by this process (each a few reads in a pipeline)
 
     async def run_once(self) -> int:
         """Release every hold due now, in every item and shard; returns how many."""
-        engine = self._engine
-        by_node: dict[str, list[ItemKeys]] = defaultdict(list)
-        sharded: set[str] = set()  # the streams of sharded items' shards
-        node_of = node_names(engine.redis)
-        for item_id in await engine.item_ids():
-            shards = await engine.shard_keys(item_id)
-            for keys in shards:
-                by_node[node_of(keys.item)].append(keys)
-            if len(shards) > 1:
-                sharded.update(keys.events for keys in shards)
-        followed = {keys.events for shards in by_node.values() for keys in shards}
-        self._seen = {s: seen for s, seen in self._seen.items() if s in followed}
+        by_node, sharded = await self._shards_by_node()
         outcomes = await asyncio.gather(
             *(self._reap_node(node, shards, sharded) for node, shards in by_node.items()),
             return_exceptions=True,
@@ -109,6 +102,32 @@ class Reaper:
             log.warning("reaper: Redis did not answer for items %s: %s", items, first)
         metrics.REAPER_LAST_PASS.set(time.time())
         return released
+
+    async def _shards_by_node(self) -> tuple[dict[str, list[ItemKeys]], set[str]]:
+        """Every registered item's shards by the node serving them, and the streams of sharded
+        items' shards. On one Redis these follow from the registry alone once every item's
+        shard count is known (it never changes once loaded), so they are kept while the
+        registry reads the same; a cluster's slots move, so there they are made each pass."""
+        engine = self._engine
+        item_ids = await engine.item_ids()
+        if self._layout is not None and self._layout[0] == item_ids:
+            return self._layout[1], self._layout[2]
+        by_node: dict[str, list[ItemKeys]] = defaultdict(list)
+        sharded: set[str] = set()
+        node_of = node_names(engine.redis)
+        for item_id in item_ids:
+            shards = await engine.shard_keys(item_id)
+            for keys in shards:
+                by_node[node_of(keys.item)].append(keys)
+            if len(shards) > 1:
+                sharded.update(keys.events for keys in shards)
+        followed = {keys.events for shards in by_node.values() for keys in shards}
+        self._seen = {s: seen for s, seen in self._seen.items() if s in followed}
+        lasting = not isinstance(engine.redis, RedisCluster) and all(
+            engine.shard_count_known(item_id) for item_id in item_ids
+        )
+        self._layout = (item_ids, by_node, sharded) if lasting else None
+        return by_node, sharded
 
     async def _reap_node(self, node: str, shards: list[ItemKeys], sharded: Collection[str]) -> int:
         """One node's part of a pass: which shards to look at, the looks, the releases."""
