@@ -109,12 +109,8 @@ def _stream_names(reply: Any) -> list[str]:
     if not reply:
         return []
     if isinstance(reply, dict):
-        return [_text(stream) for stream in reply]
-    return [_text(stream) for stream, _ in cast(list[tuple[str, Any]], reply)]
-
-
-def _text(name: str | bytes) -> str:
-    return name.decode() if isinstance(name, bytes) else name
+        return [str(stream) for stream in reply]
+    return [str(stream) for stream, _ in cast(list[tuple[str, Any]], reply)]
 
 
 def _first_score(reply: Any) -> int | None:
